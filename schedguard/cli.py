@@ -1,0 +1,143 @@
+"""The ``schedguard`` command: a thin composition layer over the packages (nothing imports it).
+
+schedguard ref --profile {vulnerable,hardened} [--host H] [--port P] [--log-level L]
+schedguard demo [--mem-limit-mb N] [--timeout-s S] [--json PATH] [--port-base P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="schedguard",
+        description="Security fuzzing and hardening for LLM schedulers.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    ref = sub.add_parser(
+        "ref",
+        help="run the reference scheduler's OpenAI-compatible server",
+        description="Run the reference scheduler (scheduler_ref) with uvicorn (uvloop, httptools).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ref.add_argument(
+        "--profile",
+        choices=("vulnerable", "hardened"),
+        default="hardened",
+        help="limits profile: 'vulnerable' has none (the seed's engine), 'hardened' the patch",
+    )
+    ref.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    ref.add_argument("--port", type=_port, default=8000, help="TCP port to bind")
+    ref.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="uvicorn log level")
+    ref.add_argument(
+        "--keep-running-on-memory-error",
+        action="store_true",
+        help=(
+            "on MemoryError keep the app's 500 out_of_memory answer instead of exiting with 137 "
+            "as an OOM-killed process would"
+        ),
+    )
+
+    demo = sub.add_parser(
+        "demo",
+        help="reproduce the seed attack against both profiles and print the results",
+        description=(
+            "Start the reference scheduler in each profile as a child process under a memory "
+            "cap, send it a benign request and the seed payload, and print the outcome, latency "
+            "and peak server RSS beside the seed write-up's numbers."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    demo.add_argument(
+        "--mem-limit-mb", type=_positive_int, default=1024, help="RLIMIT_AS of each server (MiB)"
+    )
+    demo.add_argument(
+        "--timeout-s", type=_positive_float, default=20.0, help="wall-clock limit per request"
+    )
+    demo.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    demo.add_argument(
+        "--port-base",
+        type=_port,
+        default=0,
+        help="first TCP port for the servers (one per server); 0 picks free ports",
+    )
+    demo.add_argument("--host", default="127.0.0.1", help="interface the servers bind")
+    return parser
+
+
+def _run_ref(args: argparse.Namespace) -> int:
+    try:
+        from scheduler_ref.profiles import get_profile
+        from scheduler_ref.server import create_app
+    except ImportError as exc:
+        print(f"schedguard ref: the reference server is not available: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    app = create_app(get_profile(args.profile))
+    if not args.keep_running_on_memory_error:
+        from schedguard._oom import exit_on_memory_error
+
+        exit_on_memory_error(app)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=args.log_level,
+        access_log=args.log_level in ("debug", "trace"),
+    )
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from schedguard.demo import DemoConfig, run_demo_cli
+
+    config = DemoConfig(
+        mem_limit_bytes=args.mem_limit_mb << 20,
+        timeout_s=args.timeout_s,
+        port_base=args.port_base,
+        host=args.host,
+    )
+    return run_demo_cli(config, json_path=args.json)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "ref":
+        return _run_ref(args)
+    if args.command == "demo":
+        return _run_demo(args)
+    raise AssertionError(f"unhandled command {args.command!r}")  # argparse enforces choices
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""schedguard demo: the machinery on a fake server, then end to end on the reference scheduler."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import psutil
+import pytest
+
+from guard.isolation import is_multiprocessing_helper
+from schedguard._report import render_comparison, render_rows
+from schedguard._servers import ServerSpec
+from schedguard.demo import (
+    PAYLOADS,
+    SEED_TEMPLATE,
+    TARGETS,
+    DemoConfig,
+    Row,
+    Target,
+    run_demo,
+    write_json,
+)
+
+MiB = 1 << 20
+FAKE = str(Path(__file__).with_name("_fake_server.py"))
+HAS_SERVER = importlib.util.find_spec("scheduler_ref.server") is not None
+REQUIRED_KEYS = {"target", "profile", "payload", "outcome", "status", "code", "latency_ms",
+                 "peak_rss_mb"}  # fmt: skip
+
+
+def _live_descendants() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and not is_multiprocessing_helper(p):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _servers_cleaned_up() -> object:
+    yield
+    deadline = time.monotonic() + 3.0
+    while _live_descendants() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _live_descendants() == []
+
+
+def fake_target(mode: str) -> Target:
+    def argv(ports: Mapping[str, int], host: str) -> list[str]:
+        return [sys.executable, FAKE, mode, str(ports["fake"])]
+
+    return Target("fake", mode, (ServerSpec("fake", argv),))
+
+
+def test_seed_payload_is_the_write_ups() -> None:
+    assert SEED_TEMPLATE.count("{{") == 1024
+    assert SEED_TEMPLATE.count("}}") == 512
+    assert len(SEED_TEMPLATE) == 2 * 1024 + len("system_prompt}}") * 512
+    assert [p.name for p in PAYLOADS] == ["benign", "seed"]
+    assert [(t.name, t.profile) for t in TARGETS] == [
+        ("scheduler_ref", "vulnerable"),
+        ("scheduler_ref", "hardened"),
+    ]
+
+
+def test_machinery_on_fake_servers(tmp_path: Path) -> None:
+    config = DemoConfig(mem_limit_bytes=256 * MiB, timeout_s=2.0, startup_timeout_s=10.0)
+    lines: list[str] = []
+    targets = [fake_target(m) for m in ("hog", "hang", "reject", "crash")]
+    rows = run_demo(config, targets=targets, progress=lines.append)
+    got = {(r.profile, r.payload): r for r in rows}
+    assert len(rows) == 8
+    for mode in ("hog", "hang", "reject", "crash"):
+        benign = got[(mode, "benign")]
+        assert (benign.outcome, benign.status, benign.code) == ("ok", 200, "ok")
+        assert benign.peak_rss_mb > 1
+    hog = got[("hog", "seed")]
+    assert (hog.outcome, hog.status) == ("killed", None)
+    assert 100 < hog.peak_rss_mb <= 256
+    assert hog.rss_growth_mb > 50
+    hang = got[("hang", "seed")]
+    assert hang.outcome == "timeout"
+    assert 2000 <= hang.latency_ms < 3500
+    reject = got[("reject", "seed")]
+    assert (reject.outcome, reject.status, reject.code) == (
+        "rejected",
+        400,
+        "template_depth_exceeded",
+    )
+    crash = got[("crash", "seed")]
+    assert crash.outcome == "error" and "exited 3" in crash.detail
+    assert any("starting fake" in line for line in lines)
+    assert any("sending seed" in line for line in lines)
+
+    table = render_rows(rows, config)
+    assert "killed (cap 256 MiB)" in table and "timeout (> 2 s)" in table
+    assert "400 template_depth_exceeded" in table
+
+    path = tmp_path / "rows.json"
+    write_json(rows, path, config)
+    doc = json.loads(path.read_text())
+    assert len(doc["rows"]) == 8
+    assert all(set(r) >= REQUIRED_KEYS for r in doc["rows"])
+
+
+def test_server_restarts_after_being_killed() -> None:
+    # seed first, then benign: the benign request must find a fresh server.
+    config = DemoConfig(mem_limit_bytes=256 * MiB, timeout_s=2.0, startup_timeout_s=10.0)
+    rows = run_demo(
+        config, targets=[fake_target("hog")], payloads=PAYLOADS[::-1], progress=lambda _: None
+    )
+    assert [(r.payload, r.outcome) for r in rows] == [("seed", "killed"), ("benign", "ok")]
+
+
+def test_start_failure_is_a_row_not_a_crash() -> None:
+    config = DemoConfig(mem_limit_bytes=256 * MiB, timeout_s=2.0, startup_timeout_s=5.0)
+    broken = Target(
+        "broken", "x", (ServerSpec("b", lambda ports, host: [sys.executable, "-c", "raise SystemExit(4)"]),)
+    )  # fmt: skip
+    rows = run_demo(config, targets=[broken], progress=lambda _: None)
+    assert [r.outcome for r in rows] == ["error", "error"]
+    assert "did not start" in rows[0].detail
+
+
+def test_comparison_names_the_seed_numbers() -> None:
+    config = DemoConfig()
+    rows = [
+        Row("scheduler_ref", "vulnerable", "seed", "killed", None, None, 900.0, 1020.0, 950.0),
+        Row("scheduler_ref", "hardened", "seed", "rejected", 400, "template_depth_exceeded",
+            1.3, 80.0, 0.1),
+    ]  # fmt: skip
+    text = render_comparison(rows, config)
+    assert "127 ms" in text and "312 MB" in text and "4.2 GB" in text
+    assert "98x faster" in text
+
+
+@pytest.mark.skipif(not HAS_SERVER, reason="scheduler_ref.server not written yet")
+def test_demo_end_to_end_on_reference_scheduler(tmp_path: Path) -> None:
+    config = DemoConfig(mem_limit_bytes=512 * MiB, timeout_s=8.0, startup_timeout_s=20.0)
+    start = time.monotonic()
+    rows = run_demo(config, progress=lambda _: None)
+    elapsed = time.monotonic() - start
+    path = tmp_path / "demo.json"
+    write_json(rows, path, config)
+    got = {(r["profile"], r["payload"]): r for r in json.loads(path.read_text())["rows"]}
+
+    hardened_seed = got[("hardened", "seed")]
+    assert 400 <= hardened_seed["status"] < 500, hardened_seed
+    assert hardened_seed["code"] == "template_depth_exceeded"
+    assert hardened_seed["outcome"] == "rejected"
+    assert got[("hardened", "benign")]["status"] == 200
+    assert got[("vulnerable", "benign")]["status"] == 200
+    assert got[("vulnerable", "seed")]["outcome"] in ("killed", "timeout"), got[
+        ("vulnerable", "seed")
+    ]
+    assert elapsed < 40
