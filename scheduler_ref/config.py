@@ -127,10 +127,12 @@ class SchedulerConfig:
 
     @classmethod
     def for_profile(cls, profile: Profile, **overrides: Any) -> SchedulerConfig:
-        """A config carrying ``profile``'s prompt and output token caps."""
+        """A config carrying ``profile``'s token caps and per-tenant token bucket."""
         values: dict[str, Any] = {
             "max_prompt_tokens": profile.max_prompt_tokens,
             "max_output_tokens": profile.max_output_tokens,
+            "tenant_tokens_per_s": profile.tenant_tokens_per_s,
+            "tenant_burst_tokens": profile.tenant_burst_tokens,
         }
         values.update(overrides)
         return cls(**values)

@@ -28,6 +28,9 @@ class Profile:
     # Jinja chat templates.
     allow_request_chat_template: bool
     hardened_chat_template: bool
+    # Per-tenant token bucket (prompt + reserved output); None disables it.
+    tenant_tokens_per_s: float | None
+    tenant_burst_tokens: int | None
 
     @property
     def hardened(self) -> bool:
@@ -44,6 +47,8 @@ VULNERABLE = Profile(
     render_deadline_s=None,
     allow_request_chat_template=True,
     hardened_chat_template=False,
+    tenant_tokens_per_s=None,
+    tenant_burst_tokens=None,
 )
 
 HARDENED = Profile(
@@ -56,6 +61,9 @@ HARDENED = Profile(
     render_deadline_s=0.25,
     allow_request_chat_template=False,
     hardened_chat_template=True,
+    # Generous enough for load tests from one anonymous tenant; a flood still hits it.
+    tenant_tokens_per_s=100_000.0,
+    tenant_burst_tokens=400_000,
 )
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (VULNERABLE, HARDENED)}
