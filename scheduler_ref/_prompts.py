@@ -151,6 +151,14 @@ class PromptBuilder:
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def warm_up(self) -> None:
+        """Load what the first request would otherwise pay for: token bounds, the chat template."""
+        from scheduler_ref.chat_template import render_chat
+
+        render_prompt_template("{{system_prompt}}", {}, self.profile)
+        text = render_chat([{"role": "user", "content": "warm up"}], self.profile)
+        self.tokenizer.encode_capped(text, self.profile.max_prompt_tokens, "messages")
+
     async def _render(self, fn: Callable[[Any, Any], T], arg: Any, req: Any) -> T:
         if self.profile.hardened:
             # Bounded by the profile's budget; a worker thread keeps the loop responsive.

@@ -122,6 +122,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(server.prompts.warm_up)
         await server.engine.start()
         try:
             yield
