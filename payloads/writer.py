@@ -1,0 +1,120 @@
+"""Save a fuzz finding as a payload file under ``found/<target>/`` in the corpus format.
+
+The body is stored exactly: as ``body_text`` when it is UTF-8 that YAML round-trips, otherwise
+as ``body_b64``. The file is read back through the loader before it is kept, so a finding that
+is saved is a finding that replays.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from payloads.loader import (
+    BENIGN,
+    CLASSES,
+    DEFAULT_ROOT,
+    Payload,
+    PayloadError,
+    load_payload,
+    parse_payload,
+)
+
+__all__ = ["finding_id", "save_found"]
+
+_TARGET = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+
+
+def finding_id(target: str, body: bytes) -> str:
+    """A stable id: the target and a hash of the body, so the same input saves once."""
+    return f"found-{target}-{hashlib.sha256(body).hexdigest()[:12]}"
+
+
+def _body_fields(body: bytes) -> dict[str, Any]:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"body_b64": base64.b64encode(body).decode("ascii")}
+    dumped = yaml.safe_dump({"body_text": text}, allow_unicode=True, width=1 << 30)
+    if yaml.safe_load(dumped) == {"body_text": text}:
+        return {"body_text": text}
+    return {"body_b64": base64.b64encode(body).decode("ascii")}
+
+
+def save_found(
+    *,
+    target: str,
+    class_: str,
+    body: bytes,
+    endpoint: str,
+    target_field: str,
+    description: str,
+    engine: str,
+    cause: str,
+    cost_before: Mapping[str, float],
+    cost_after: Mapping[str, float],
+    seed: int | None = None,
+    minimised: bool = True,
+    headers: Mapping[str, str] | None = None,
+    expect_status: int = 400,
+    expect_code: str | None = None,
+    references: Sequence[str] = (),
+    root: Path | None = None,
+    payload_id: str | None = None,
+    overwrite: bool = False,
+) -> Payload:
+    """Write ``found/<target>/<id>.yaml`` and return it loaded. An existing file with the same id
+    (the same body) is kept unless ``overwrite``; raises :class:`PayloadError` when the record
+    is invalid (nothing is written then)."""
+    if not _TARGET.fullmatch(target):
+        raise PayloadError(f"target {target!r}: lowercase letters, digits, '_' and '-' only")
+    if class_ not in CLASSES or class_ == BENIGN:
+        raise PayloadError(f"class {class_!r}: one of {', '.join(CLASSES)}")
+    pid = payload_id or finding_id(target, body)
+    directory = (DEFAULT_ROOT if root is None else Path(root)) / "found" / target
+    path = directory / f"{pid}.yaml"
+    if path.exists() and not overwrite:
+        return load_payload(path)
+    expect: dict[str, Any] = {"status": expect_status}
+    if expect_code is not None:
+        expect["code"] = expect_code
+    record: dict[str, Any] = {
+        "id": pid,
+        "class": class_,
+        "source": "fuzz",
+        "description": description,
+        "target_field": target_field,
+        "endpoint": endpoint,
+        **_body_fields(body),
+        "expect": expect,
+        "references": list(references),
+        "found": {
+            "target": target,
+            "engine": engine,
+            "cause": cause,
+            "seed": seed,
+            "found_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "minimised": minimised,
+        },
+        "cost": {"before": dict(cost_before), "after": dict(cost_after)},
+    }
+    if headers:
+        record["headers"] = dict(headers)
+    parse_payload(record, path)  # validate before touching the disk
+    text = yaml.safe_dump(record, sort_keys=False, allow_unicode=True, width=100)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    saved = load_payload(path)
+    if saved.body_bytes() != body:  # pragma: no cover - _body_fields checks the round trip
+        path.unlink()
+        raise PayloadError(f"{path}: the saved body does not round-trip")
+    return saved
