@@ -1,0 +1,204 @@
+"""Sound bounds on the token count of byte-level BPE, computed without tokenizing.
+
+Byte-level BPE splits the UTF-8 bytes of a text into vocabulary tokens, each at least one byte
+long, so ``tokens <= bytes``. For the lower bound, let ``M[b]`` be the length of the longest
+vocabulary token that contains byte value ``b``. A token ``t`` contains only bytes with
+``M[b] >= len(t)``, so ``1 = sum(1 / len(t) for each byte of t) >= sum(1 / M[b])`` and, summed
+over all tokens, ``tokens >= sum(1 / M[b] for every byte of the text)``. This holds for any
+split of the bytes into vocabulary tokens, whatever the merge order. It is much sharper than
+``bytes / max_token_bytes``: 200 KB of ``a`` (``M = 42`` in cl100k) needs at least 4877 tokens,
+while only spaces reach 128-byte tokens.
+
+The sum is computed exactly in integers, with bytes grouped into a few tiers (each weighted by
+the largest ``M`` of its tier, so the bound only gets weaker, never unsound).
+
+Runs sharpen it (:meth:`ByteWeights.run_refinement`). A token that covers a byte inside a run of
+``r`` copies of byte ``c`` either stays inside the run (at most ``min(r, Mrun[c])`` bytes, the
+longest all-``c`` token) or crosses an end of the run, and then contains the pair of bytes there
+(at most ``M2[pair]`` bytes, the longest token containing that pair). So each byte of the run may
+weigh ``1 / max(min(r, Mrun[c]), M2[left pair], M2[right pair])``: a run of 100 spaces between
+two tabs needs a token of its own, not 100/128 of one. This defeats "spaces with a sparse
+sprinkle of tabs", which has no period and a weak per-byte bound.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+
+# Unicode White_Space, the set that `\s` matches in the Rust `regex` crate used by tiktoken (and
+# in Oniguruma for HF tokenizers). The property has been stable since Unicode 6.3; it is spelled
+# out here so the pre-tokenizer split rules do not depend on Python's Unicode version.
+WHITE_SPACE_STR = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680"
+    + "".join(chr(c) for c in range(0x2000, 0x200B))
+    + "\u2028\u2029\u202f\u205f\u3000"
+)
+WHITE_SPACE = frozenset(WHITE_SPACE_STR)
+
+
+def sanitize(text: str) -> str:
+    """Make ``text`` encodable as UTF-8 the way tiktoken does.
+
+    Surrogate pairs are joined and lone surrogates become U+FFFD, exactly as
+    ``tiktoken.Encoding.encode_ordinary`` does before tokenizing, so counts agree with it. The
+    replacement is local to each surrogate, so sanitizing pieces split anywhere except between
+    the two halves of a pair gives the same result as sanitizing the whole.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def utf8_bytes(text: str) -> bytes:
+    """The UTF-8 bytes of ``sanitize(text)``."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return sanitize(text).encode("utf-8")
+
+
+# Bytes whose M is within this ratio share a tier; at most this many tiers (one counting pass
+# each, so the bound costs a handful of C-speed passes over the text).
+_TIER_RATIO = 0.88
+_MAX_TIERS = 10
+# Run refinement: bytes whose longest token is at least this long (space, -, /, *, =, ...), in
+# runs of at least this many (shorter runs gain little and would cost a Python step each).
+_RUN_HEAVY = 48
+_RUN_MIN = 12
+
+
+class ByteWeights:
+    """The per-byte lower bound of one vocabulary (see the module docstring)."""
+
+    def __init__(self, token_bytes: Iterable[bytes]) -> None:
+        tokens = list(token_bytes)
+        longest = [0] * 256
+        for tok in tokens:
+            n = len(tok)
+            for b in set(tok):
+                if n > longest[b]:
+                    longest[b] = n
+        if min(longest) == 0:
+            raise ValueError("the vocabulary does not cover every byte; byte bounds do not hold")
+        self.per_byte_max: tuple[int, ...] = tuple(longest)
+        self.max_token_bytes: int = max(longest)
+
+        # Tiers: walk the distinct M values from the largest down, open a new tier when the ratio
+        # to the tier's maximum falls below _TIER_RATIO; the last tier takes everything left.
+        values = sorted(set(longest), reverse=True)
+        tier_max: list[int] = []
+        for v in values:
+            if not tier_max or (v < tier_max[-1] * _TIER_RATIO and len(tier_max) < _MAX_TIERS):
+                tier_max.append(v)
+        table = bytearray(256)
+        for b, v in enumerate(longest):
+            # The tier of b is the last one whose maximum is >= M[b].
+            t = max(i for i, m in enumerate(tier_max) if m >= v)
+            table[b] = t
+        self._tier_max = tuple(tier_max)
+        self.denominator = math.lcm(*tier_max)
+        self._tier_num = tuple(self.denominator // m for m in tier_max)
+        self._byte_num = tuple(self._tier_num[table[b]] for b in range(256))
+        self._tokens = tokens
+        self._pair_max: dict[int, int] = {}
+        self._light = b""
+        self._run_table: dict[int, tuple[bytes, bytes, re.Pattern[bytes], int, int]] | None = None
+        members = [bytes(b for b in range(256) if table[b] == t) for t in range(len(tier_max))]
+        # The tier with the most byte values is what remains after deleting the others.
+        rest = max(range(len(tier_max)), key=lambda t: len(members[t]))
+        self._rest_num = self._tier_num[rest]
+        self._deletions = tuple(
+            (members[t], self._tier_num[t])
+            for t in range(len(tier_max))
+            if t != rest and members[t]
+        )
+
+    def weight(self, data: bytes | bytearray) -> int:
+        """``sum(1 / M[b])`` over ``data``, times :attr:`denominator` (an exact integer)."""
+        # Deleting one tier at a time (translate runs at GB/s whatever the byte density, unlike
+        # count) leaves the rest tier; each pass works on what the previous one left.
+        rest = bytes(data)
+        total = 0
+        for delete, num in self._deletions:
+            if not rest:
+                break
+            kept = rest.translate(None, delete)
+            total += (len(rest) - len(kept)) * num
+            rest = kept
+        return total + len(rest) * self._rest_num
+
+    def run_refinement(self, data: bytes) -> int:
+        """Extra weight (same units as :meth:`weight`, >= 0) from runs of heavy bytes.
+
+        ``weight(data) + run_refinement(data)`` is still a lower bound (module docstring); the
+        per-run terms are rounded down.
+        """
+        runs = self._runs()
+        total = 0
+        n = len(data)
+        present = data.translate(None, self._light)  # only the heavy bytes, at C speed
+        if len(present) < _RUN_MIN:
+            return 0
+        for c, (probe, block, other, longest_run, old_num) in runs.items():
+            if c not in present:
+                continue
+            s = data.find(probe)
+            while s >= 0:
+                # The run starts at s (an earlier copy of c would have matched first) and ends
+                # at the first other byte: skip whole blocks with memcmp, then search.
+                e = s + len(probe)
+                while data.startswith(block, e):
+                    e += len(block)
+                m = other.search(data, e)
+                e = m.start() if m else n
+                r = e - s
+                denom = min(r, longest_run)
+                if s:
+                    denom = max(denom, self._pair_max.get((data[s - 1] << 8) | c, 0))
+                if e < n:
+                    denom = max(denom, self._pair_max.get((c << 8) | data[e], 0))
+                extra = (r * self.denominator) // denom - r * old_num
+                if extra > 0:
+                    total += extra
+                s = data.find(probe, e)
+        return total
+
+    def _runs(self) -> dict[int, tuple[bytes, bytes, re.Pattern[bytes], int, int]]:
+        # Built on first use: the pair table costs a pass over the vocabulary.
+        if self._run_table is not None:
+            return self._run_table
+        heavy = {b for b in range(256) if self.per_byte_max[b] >= _RUN_HEAVY}
+        pair_max: dict[int, int] = {}
+        run_max = dict.fromkeys(heavy, 1)
+        for tok in self._tokens:
+            n = len(tok)
+            if n < 2 or heavy.isdisjoint(tok):
+                continue
+            if tok.count(tok[0]) == n:
+                run_max[tok[0]] = max(run_max[tok[0]], n)
+            for k in range(n - 1):
+                x, y = tok[k], tok[k + 1]
+                if x in heavy or y in heavy:
+                    key = (x << 8) | y
+                    if pair_max.get(key, 0) < n:
+                        pair_max[key] = n
+        self._pair_max = pair_max
+        self._light = bytes(b for b in range(256) if b not in heavy)
+        table = {}
+        for c in sorted(heavy):
+            one = bytes([c])
+            other = re.compile(b"[^" + re.escape(one) + b"]")
+            table[c] = (one * _RUN_MIN, one * 1024, other, run_max[c], self._byte_num[c])
+        self._run_table = table
+        return table
+
+    def tokens(self, weight: int) -> int:
+        """The token lower bound for a weight from :meth:`weight` (the ceiling of the sum)."""
+        return -(-weight // self.denominator)
+
+    def lower_bound(self, data: bytes | bytearray) -> int:
+        return self.tokens(self.weight(data))

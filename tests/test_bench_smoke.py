@@ -1,0 +1,146 @@
+"""Every bench script still runs: quickest flags, exit 0, machine-readable output with its keys.
+
+Timings are never asserted (shared, noisy machines); the numbers are the scripts' business. Each
+script runs as a subprocess under ``RLIMIT_AS`` (its own children cap themselves lower) and a
+wall clock, in its own session so that a timeout takes its servers and workers down too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.isolation import kill_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+TIMEOUT_S = 20.0
+# Above the largest cap a bench gives its own children (bench/json_scan.py: 3 GiB).
+MEM_LIMIT = 4 << 30
+
+
+@dataclass(frozen=True)
+class Bench:
+    args: tuple[str, ...]  # "{json}" is replaced by the output path
+    json_on_stdout: bool  # --json prints the JSON instead of writing a file
+    keys: frozenset[str]
+    row_keys: frozenset[str] = frozenset()  # of each of doc["rows"], when given
+
+
+BENCHES: dict[str, Bench] = {
+    "seed.py": Bench(
+        ("--quick", "--runs", "5", "--json", "{json}"),
+        json_on_stdout=False,
+        keys=frozenset({"reference", "targets", "seed", "in_process", "throughput", "vulnerable"}),
+    ),
+    "tokens.py": Bench(
+        ("--runs", "1", "--json"),
+        json_on_stdout=True,
+        keys=frozenset({"limit", "tokenizer", "runs", "rows"}),
+        row_keys=frozenset({"input", "bytes", "decided_by", "decision_mb_s", "tiktoken_mb_s"}),
+    ),
+    "json_scan.py": Bench(
+        ("--runs", "1", "--json"),
+        json_on_stdout=True,
+        keys=frozenset({"limits", "runs", "rows"}),
+        row_keys=frozenset({"body", "kind", "bytes", "outcome", "parse_json_body_mb_s"}),
+    ),
+}
+
+
+class _Runs:
+    """Each script runs once per session; its tests share the result."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.done: dict[str, tuple[int, str, dict[str, Any] | None]] = {}
+
+    def get(self, script: str) -> tuple[int, str, dict[str, Any] | None]:
+        if script not in self.done:
+            self.done[script] = self._run(script, BENCHES[script])
+        return self.done[script]
+
+    def _run(self, script: str, bench: Bench) -> tuple[int, str, dict[str, Any] | None]:
+        json_path = self.tmp / f"{script}.json"
+        args = [a.replace("{json}", str(json_path)) for a in bench.args]
+        argv = [sys.executable, "-m", "guard._limited_exec", str(MEM_LIMIT), "--",
+                sys.executable, str(BENCH / script), *args]  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)  # the bench's servers and workers too
+            _, err = proc.communicate()
+            return -1, f"timed out after {TIMEOUT_S:g} s\n" + err.decode(errors="replace"), None
+        text = out.decode(errors="replace") if bench.json_on_stdout else None
+        if text is None and json_path.is_file():
+            text = json_path.read_text(encoding="utf-8")
+        doc = json.loads(text) if proc.returncode == 0 and text else None
+        return proc.returncode, err.decode(errors="replace"), doc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> _Runs:
+    return _Runs(tmp_path_factory.mktemp("bench"))
+
+
+def _doc(runs: _Runs, script: str) -> dict[str, Any]:
+    if not (BENCH / script).is_file():
+        pytest.skip(f"bench/{script} is gone")
+    code, err, doc = runs.get(script)
+    assert code == 0, f"bench/{script} exited {code}\n{err[-3000:]}"
+    assert doc is not None, f"bench/{script} wrote no JSON"
+    return doc
+
+
+def test_every_bench_script_is_covered() -> None:
+    scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")}
+    missing = sorted(scripts - set(BENCHES))
+    assert not missing, (
+        f"bench scripts without a smoke run: {missing}; add them to BENCHES in {Path(__file__).name}"
+        " with their quickest flags and the keys of their --json output"
+    )
+
+
+@pytest.mark.parametrize("script", sorted(BENCHES))
+def test_bench_runs(script: str, runs: _Runs) -> None:
+    bench = BENCHES[script]
+    doc = _doc(runs, script)
+    assert bench.keys <= doc.keys(), f"missing keys {sorted(bench.keys - doc.keys())}"
+    if bench.row_keys:
+        assert doc["rows"], "no rows"
+        for row in doc["rows"]:
+            assert bench.row_keys <= row.keys(), (
+                f"row missing {sorted(bench.row_keys - row.keys())}"
+            )
+
+
+def test_seed_bench_reports_its_parts(runs: _Runs) -> None:
+    """The seed bench's sections: outcome, latencies, RSS, both throughput tables."""
+    doc = _doc(runs, "seed.py")
+    seed = doc["seed"]
+    # The hardened profile refuses the seed with one stable code: that is what is measured.
+    assert 400 <= seed["status"] < 500 and seed["code"] and seed["stable"]
+    for key in ("server_ms", "client_ms"):
+        assert {"median", "p99"} <= seed[key].keys()
+    assert {"rss_before_mb", "rss_after_mb", "rss_growth_mb", "rss_peak_mb"} <= seed.keys()
+    assert doc["in_process"] is not None and {"median", "p99"} <= doc["in_process"]["ms"].keys()
+    tp = doc["throughput"]
+    for part, rate in (("depth_scan", "scan_mb_s"), ("token_count", "decision_mb_s")):
+        assert tp[part]["rows"], part
+        assert all(rate in row for row in tp[part]["rows"])
+        assert {"input", "mb_s"} <= tp["worst"][part].keys()
+    assert doc["vulnerable"] is None  # only with --vulnerable
