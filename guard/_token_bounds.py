@@ -19,6 +19,13 @@ longest all-``c`` token) or crosses an end of the run, and then contains the pai
 weigh ``1 / max(min(r, Mrun[c]), M2[left pair], M2[right pair])``: a run of 100 spaces between
 two tabs needs a token of its own, not 100/128 of one. This defeats "spaces with a sparse
 sprinkle of tabs", which has no period and a weak per-byte bound.
+
+Class changes bound random whitespace (:meth:`ByteWeights.transitions_bound`), which has neither
+runs nor a period and makes one long pre-token piece that BPE handles slowly. Give each ASCII
+whitespace byte its own class and every other byte one shared class, and let ``X`` count the
+adjacent byte pairs of the text whose classes differ. Every such pair lies inside a token (at most
+``T`` per token, ``T`` the most any vocabulary token holds: 9 in cl100k) or across a boundary
+between two tokens (``tokens - 1`` of them), so ``tokens >= (X + 1) / (T + 1)``.
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ def utf8_bytes(text: str) -> bytes:
     except UnicodeEncodeError:
         return sanitize(text).encode("utf-8")
 
+
+_ASCII_WHITESPACE = frozenset(b" \t\n\x0b\x0c\r")
 
 # Bytes whose M is within this ratio share a tier; at most this many tiers (one counting pass
 # each, so the bound costs a handful of C-speed passes over the text).
@@ -116,6 +125,8 @@ class ByteWeights:
             for t in range(len(tier_max))
             if t != rest and members[t]
         )
+        self._class_table = bytes(b if b in _ASCII_WHITESPACE else 0 for b in range(256))
+        self.max_class_changes = max((self._class_changes(t) for t in tokens), default=0)
 
     def weight(self, data: bytes | bytearray) -> int:
         """``sum(1 / M[b])`` over ``data``, times :attr:`denominator` (an exact integer)."""
@@ -195,6 +206,22 @@ class ByteWeights:
             table[c] = (one * _RUN_MIN, one * 1024, other, run_max[c], self._byte_num[c])
         self._run_table = table
         return table
+
+    def _class_changes(self, data: bytes | bytearray) -> int:
+        """Adjacent pairs of ``data`` whose classes differ, counted at C speed (no Python loop)."""
+        if len(data) < 2:
+            return 0
+        classes = bytes(data).translate(self._class_table)
+        head = int.from_bytes(classes[:-1], "little")
+        tail = int.from_bytes(classes[1:], "little")
+        diff = (head ^ tail).to_bytes(len(classes) - 1, "little")
+        return len(diff) - diff.count(0)
+
+    def transitions_bound(self, data: bytes | bytearray) -> int:
+        """A token lower bound from class changes (see the module docstring)."""
+        if not data:
+            return 0
+        return -(-(self._class_changes(data) + 1) // (self.max_class_changes + 1))
 
     def tokens(self, weight: int) -> int:
         """The token lower bound for a weight from :meth:`weight` (the ceiling of the sum)."""

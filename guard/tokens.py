@@ -133,12 +133,14 @@ class BPETokenCounter(TokenCounter):
             bound = -(-b // self.max_token_bytes)
             if bound <= limit:
                 weight = weights.weight(data)
-                bound = weights.tokens(weight)
-                if limit < 3 * bound <= 3 * limit:
+                plain = weights.tokens(weight)
+                # Random whitespace: one long piece with no runs or period, slow to tokenize.
+                bound = max(plain, weights.transitions_bound(data))
+                if bound <= limit and limit < 3 * plain:
                     # Runs can raise the bound a lot, at a Python step per run: worth trying when
                     # the plain bound is already near the limit. Only for this decision: the
                     # engine keeps the plain weight, which it can subtract chunk by chunk.
-                    bound = weights.tokens(weight + weights.run_refinement(data))
+                    bound = max(bound, weights.tokens(weight + weights.run_refinement(data)))
             rules = self.rules
             if bound <= limit and b and rules is not None and rules.split_bigrams:
                 # Every certain piece boundary adds a token (ordinary text: about one a word).

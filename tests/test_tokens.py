@@ -883,3 +883,28 @@ def test_empty_and_tiny_texts(cl100k: BPETokenCounter) -> None:
     for text in ["", " ", "\n", "a", "é", "\ud800"]:
         assert cl100k.count(text) == cl100k.encode_count(text)
         assert cl100k.measure(text, 0).within_limit == (cl100k.encode_count(text) == 0)
+
+
+# -- class-change bound (random whitespace) ----------------------------------------------------
+
+_WHITESPACE_MIX = st.text(alphabet=" \t\n\r\x0b\x0cab{},.é", max_size=3000)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=_WHITESPACE_MIX)
+def test_transitions_bound_is_sound(cl100k: BPETokenCounter, text: str) -> None:
+    assert cl100k.weights is not None
+    assert cl100k.weights.transitions_bound(text.encode()) <= cl100k.encode_count(text)
+
+
+def test_random_whitespace_is_refused_by_a_bound_without_tokenizing(
+    cl100k: BPETokenCounter,
+) -> None:
+    rng = random.Random(7)
+    text = "".join(rng.choice(" \t\n") for _ in range(40_000))
+    stats = cl100k.measure(text, 2048)
+    assert stats.decided_by == "lower_bound"
+    assert not stats.within_limit
+    assert stats.tokenized_bytes == 0
