@@ -117,7 +117,8 @@ def inputs() -> list[tuple[str, str]]:
         ("10 MB text", _english(10 << 20, 3)),
         ("english 8 KB (under the limit)", _english(8 << 10, 4)),
         ("spaces, 1% tabs, 250 KB (run bound)", _sparse_tabs(250_000, 8)),
-        ("random whitespace 140 KB (worst case)", _random_ws(140_000, 5)),
+        ("random whitespace 140 KB (class-change bound)", _random_ws(140_000, 5)),
+        ("random whitespace 16 KB (worst case: tokenized)", _random_ws(16_000, 6)),
     ]
 
 
