@@ -1,0 +1,142 @@
+"""Reading request fields the way upstreams read them, shared by the checks.
+
+The schema check insists on JSON types, but every check must stand alone (the order and the
+set of checks are policy), and upstreams coerce: vLLM's pydantic models turn ``"n": "1000"`` and
+``1000.0`` into 1000, llama.cpp truncates ``1e9 + 0.5`` to an int. So limits compare
+:func:`lax_int` of a value, which rounds away from zero: a conservative reading for caps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from guard._policy_models import Policy
+from guard.request_view import Endpoint
+
+Path = tuple[str | int, ...]
+
+# Fields that cap the output, in the order the upstream prefers them (vLLM chat:
+# max_completion_tokens or max_tokens; llama.cpp: n_predict; TGI: max_new_tokens).
+OUTPUT_FIELDS: dict[Endpoint, tuple[str, ...]] = {
+    "chat": ("max_completion_tokens", "max_tokens", "n_predict", "max_new_tokens"),
+    "completions": ("max_tokens", "n_predict", "max_new_tokens"),
+    "responses": ("max_output_tokens",),
+    "other": ("max_tokens", "max_completion_tokens", "n_predict", "max_new_tokens"),
+}
+# Where a missing output cap is injected.
+INJECT_FIELD: dict[Endpoint, str] = {
+    "chat": "max_tokens",
+    "completions": "max_tokens",
+    "responses": "max_output_tokens",
+}
+
+_MAX_LAX_STR = 64
+
+
+def lax_int(value: Any) -> int | None:
+    """``value`` as an int the way a lenient upstream would read it, rounded away from zero;
+    ``None`` when no upstream would read it as a number."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return math.ceil(value) if value > 0 else math.floor(value)
+    if isinstance(value, str) and len(value) <= _MAX_LAX_STR:
+        text = value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            return lax_int(float(text))
+        except ValueError:
+            return None
+    return None
+
+
+def is_int(value: Any) -> bool:
+    """A JSON integer (``True`` is not one)."""
+    return type(value) is int
+
+
+def is_number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def fmt_path(path: Path) -> str:
+    """``messages[3].content``; keys cut to 40 characters."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            key = part if len(part) <= 40 else part[:40] + "..."
+            out += f".{key}" if out else key
+    return out
+
+
+def output_fields(endpoint: Endpoint) -> tuple[str, ...]:
+    return OUTPUT_FIELDS.get(endpoint, ())
+
+
+def requested_output(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[str, int] | None:
+    """The largest output cap set, as (field, value); None when none is set. The largest,
+    because upstreams differ on which field wins (vLLM ignores a ``max_completion_tokens`` of 0
+    in favour of ``max_tokens``)."""
+    found: tuple[str, int] | None = None
+    for name in output_fields(endpoint):
+        value = lax_int(body.get(name))
+        if value is None:
+            continue
+        if value < 0:  # llama.cpp: -1 is unlimited
+            return name, value
+        if found is None or value > found[1]:
+            found = (name, value)
+    return found
+
+
+def effective_output(body: Mapping[str, Any], endpoint: Endpoint, policy: Policy) -> int | None:
+    """The output cap after the tokens check (injected default, clamped); None for endpoints
+    that generate nothing. Never raises: the tokens check reports a requested cap too large."""
+    tokens = policy.limits.tokens
+    requested = requested_output(body, endpoint)
+    if requested is None:
+        return tokens.default_max_tokens if endpoint in INJECT_FIELD else None
+    value = requested[1]
+    return value if 0 <= value <= tokens.max_output_tokens else tokens.max_output_tokens
+
+
+def prompt_items(value: Any) -> list[Any] | None:
+    """The prompts of a ``prompt`` / ``input`` field: a string or one token-id list is one
+    prompt; a list of strings or of token-id lists is several. None when it is neither."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        if not value:
+            return value
+        if is_int(value[0]):
+            return [value]
+        # Strings or token-id lists; anything else (responses API input items) is not a prompt.
+        return value if isinstance(value[0], str | list) else None
+    return None
+
+
+def sequences_per_prompt(body: Mapping[str, Any]) -> int:
+    """Sequences the upstream generates per prompt: ``max(n, best_of)``, at least 1."""
+    n = lax_int(body.get("n"))
+    best_of = lax_int(body.get("best_of"))
+    return max(1, n or 1, best_of or 1)
+
+
+def compact_json(value: Any) -> str:
+    """JSON text of a (parsed, so bounded) value, for counting its tokens."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return ""

@@ -1,0 +1,144 @@
+"""A bound on what a ``{{name}}`` prompt template expands to, computed without expanding it.
+
+Variable values are templates too (see ``scheduler_ref.prompt_template``): a value may refer to
+other variables, to itself (expanding forever in a naive engine) or, billion-laughs style, to a
+variable ten times that refers to another ten times, and so on. Expanding to find out is the
+attack. Instead, each source (the template and every value) is read once for its placeholders,
+and a table over (nesting depth, variable) gives, for every variable expanded at every depth:
+
+- whether the expansion stays within the depth limit (placeholders in values count from the
+  depth of the placeholder that expanded them, as the scheduler counts them);
+- an upper bound on the characters it outputs (or, weighing text by its tokens, on the tokens)
+  and on the placeholders it expands.
+
+A placeholder whose name is itself built from placeholders (``{{ {{lang}}_greeting }}``) may
+name any variable: it is given the worst of them at its depth. Unknown names (the upstream's
+default variables) count as empty. Cost: ``max_depth`` times the number of placeholders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from guard.template_scan import DELIMITER
+
+__all__ = ["Expansion", "Source", "bound_expansion", "parse_source"]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The placeholders of one balanced template source.
+
+    ``refs``: every placeholder as (nesting depth in this source, literal name or ``None`` when
+    the name is built from inner placeholders); only depth-1 ones output their value.
+    ``literal``: the weight of the text outside every placeholder (its characters, or its tokens
+    when parsed with a token-counting ``weigh``).
+    """
+
+    literal: int
+    max_depth: int
+    refs: tuple[tuple[int, str | None], ...]
+
+
+def parse_source(text: str, weigh: Callable[[str], int] = len) -> Source:
+    """Read ``text``'s placeholders (it must be balanced: scan it first); ``weigh`` measures
+    each run of literal text (characters by default)."""
+    if "{{" not in text:
+        return Source(weigh(text), 0, ())
+    by_length = weigh is len
+    stack: list[tuple[int, bool]] = []  # (index after the opener, holds a nested placeholder)
+    literal = 0
+    last = 0
+    deepest = 0
+    refs: list[tuple[int, str | None]] = []
+    for m in DELIMITER.finditer(text):
+        if m.group() == "{{":
+            if stack:
+                stack[-1] = (stack[-1][0], True)
+            else:
+                literal += m.start() - last if by_length else weigh(text[last : m.start()])
+            stack.append((m.end(), False))
+            deepest = max(deepest, len(stack))
+        elif stack:
+            start, nested = stack.pop()
+            name = None if nested else text[start : m.start()].strip()
+            refs.append((len(stack) + 1, name))
+            if not stack:
+                last = m.end()
+    if not stack:
+        literal += len(text) - last if by_length else weigh(text[last:])
+    return Source(literal, deepest, tuple(refs))
+
+
+@dataclass(frozen=True, slots=True)
+class Expansion:
+    """Upper bounds for one template: ``size`` of the output (in the sources' weights) and
+    placeholders expanded; ``too_deep`` names the variable through which the depth limit is
+    crossed (``""`` for the template itself), ``None`` when it is not."""
+
+    size: int
+    expansions: int
+    too_deep: str | None
+
+
+@dataclass(slots=True)
+class _Level:
+    ok: dict[str, bool]
+    size: dict[str, int]
+    expansions: dict[str, int]
+    all_ok: bool = True
+    max_size: int = 0
+    max_expansions: int = 0
+
+
+def _evaluate(
+    source: Source, base: int, levels: list[_Level], variables: Mapping[str, Source], cap: int
+) -> tuple[bool, int, int, str | None]:
+    """(within depth, size, expansions, first failing variable) of ``source`` at ``base``."""
+    size = source.literal
+    expansions = 0
+    for depth, name in source.refs:
+        level = levels[base + depth]
+        if name is None:
+            ok, c, e = level.all_ok, level.max_size, level.max_expansions
+        elif name in variables:
+            ok, c, e = level.ok[name], level.size[name], level.expansions[name]
+        else:
+            ok, c, e = True, 0, 0
+        if not ok:
+            return False, 0, 0, name or ""
+        expansions = min(cap, expansions + 1 + e)
+        if depth == 1:
+            size = min(cap, size + c)
+    return True, size, expansions, None
+
+
+def bound_expansion(
+    template: Source, variables: Mapping[str, Source], max_depth: int, cap: int
+) -> Expansion:
+    """Bounds for ``template`` expanded with ``variables`` under ``max_depth``; counts stop
+    growing at ``cap`` (so nothing here grows with the expansion)."""
+    if template.max_depth > max_depth:
+        return Expansion(0, 0, "")
+    if not template.refs:
+        return Expansion(template.literal, 0, None)
+    levels: list[_Level] = [_Level({}, {}, {}) for _ in range(max_depth + 1)]
+    # Variables expanded at depth `base` (by a placeholder at that depth), deepest first.
+    for base in range(max_depth, 0, -1):
+        level = levels[base]
+        for name, source in variables.items():
+            if base + source.max_depth > max_depth:
+                ok, c, e = False, 0, 0
+            else:
+                ok, c, e, _ = _evaluate(source, base, levels, variables, cap)
+            level.ok[name] = ok
+            level.size[name] = c
+            level.expansions[name] = e
+            if ok:
+                level.max_size = max(level.max_size, c)
+                level.max_expansions = max(level.max_expansions, e)
+            else:
+                level.all_ok = False
+    ok, size, expansions, culprit = _evaluate(template, 0, levels, variables, cap)
+    return Expansion(size, expansions, None if ok else culprit)

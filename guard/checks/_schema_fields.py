@@ -1,0 +1,401 @@
+"""Field tables of the schema check: which top-level fields each endpoint knows and their types.
+
+Known fields are OpenAI's and the common extensions of vLLM, SGLang, TGI and llama.cpp whose
+effect is either harmless or bounded by another check. Fields that let a request reach code or
+limits behind the guard's back are not known (``logits_processors``, ``vllm_xargs``,
+``kv_transfer_params``, ...): with ``unknown_fields: reject`` they are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from guard.checks._fields import Path, fmt_path, is_int, is_number
+from guard.errors import GuardError
+
+Validator = Callable[[Any, Path], None]
+
+INVALID_TYPE = "invalid_type"
+INVALID_VALUE = "invalid_value"
+
+
+def _type_error(path: Path, expected: str) -> GuardError:
+    where = fmt_path(path)
+    return GuardError(INVALID_TYPE, f"{where} must be {expected}", param=where)
+
+
+def _value_error(path: Path, what: str) -> GuardError:
+    where = fmt_path(path)
+    return GuardError(INVALID_VALUE, f"{where} {what}", param=where)
+
+
+def integer(minimum: int | None = None) -> Validator:
+    def check(value: Any, path: Path) -> None:
+        if not is_int(value):
+            raise _type_error(path, "an integer")
+        if minimum is not None and value < minimum:
+            raise _value_error(path, f"must be >= {minimum}")
+
+    return check
+
+
+def number(value: Any, path: Path) -> None:
+    if not is_number(value):
+        raise _type_error(path, "a number")
+
+
+def boolean(value: Any, path: Path) -> None:
+    if type(value) is not bool:
+        raise _type_error(path, "true or false")
+
+
+def string(value: Any, path: Path) -> None:
+    if not isinstance(value, str):
+        raise _type_error(path, "a string")
+
+
+def obj(value: Any, path: Path) -> None:
+    if not isinstance(value, dict):
+        raise _type_error(path, "an object")
+
+
+def array(value: Any, path: Path) -> None:
+    if not isinstance(value, list):
+        raise _type_error(path, "an array")
+
+
+def anything(value: Any, path: Path) -> None:
+    return None
+
+
+def string_or_object(value: Any, path: Path) -> None:
+    if not isinstance(value, str | dict):
+        raise _type_error(path, "a string or an object")
+
+
+def string_list(value: Any, path: Path) -> None:
+    if not isinstance(value, list):
+        raise _type_error(path, "an array of strings")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise _type_error((*path, i), "a string")
+
+
+def int_list(value: Any, path: Path) -> None:
+    if not isinstance(value, list):
+        raise _type_error(path, "an array of integers")
+    for i, item in enumerate(value):
+        if not is_int(item):
+            raise _type_error((*path, i), "an integer")
+
+
+def stop(value: Any, path: Path) -> None:
+    if isinstance(value, str):
+        return
+    if not isinstance(value, list):
+        raise _type_error(path, "a string or an array of strings")
+    string_list(value, path)
+
+
+def logit_bias(value: Any, path: Path) -> None:
+    if not isinstance(value, dict):
+        raise _type_error(path, "an object of token ids to numbers")
+    for key, bias in value.items():
+        text = key.strip().removeprefix("-")
+        if not (text.isascii() and text.isdigit() and len(text) <= 10):
+            raise _value_error(path, "keys must be token ids")
+        if not is_number(bias):
+            raise _type_error((*path, key), "a number")
+        if not -100 <= bias <= 100:
+            raise _value_error((*path, key), "must be between -100 and 100")
+
+
+def string_map(value: Any, path: Path) -> None:
+    if not isinstance(value, dict):
+        raise _type_error(path, "an object of strings")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise _type_error((*path, key), "a string")
+
+
+_MAX_TOKEN_ID = 2**31 - 1
+
+
+def prompt(value: Any, path: Path) -> None:
+    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+    if isinstance(value, str):
+        return
+    expected = "a string, an array of strings, of token ids or of token-id arrays"
+    if not isinstance(value, list):
+        raise _type_error(path, expected)
+    if not value:
+        raise _value_error(path, "must not be empty")
+    first = value[0]
+    if is_int(first):
+        _token_ids(value, path)
+    elif isinstance(first, str):
+        string_list(value, path)
+    elif isinstance(first, list):
+        for i, item in enumerate(value):
+            if not isinstance(item, list):
+                raise _type_error((*path, i), "an array of token ids")
+            if not item:
+                raise _value_error((*path, i), "must not be empty")
+            _token_ids(item, (*path, i))
+    else:
+        raise _type_error(path, expected)
+
+
+def _token_ids(value: list[Any], path: Path) -> None:
+    for i, item in enumerate(value):
+        if not is_int(item):
+            raise _type_error((*path, i), "a token id (an integer)")
+        if not 0 <= item <= _MAX_TOKEN_ID:
+            raise _value_error((*path, i), "must be a token id >= 0")
+
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def messages(value: Any, path: Path) -> None:
+    if not isinstance(value, list):
+        raise _type_error(path, "an array of messages")
+    if not value:
+        raise _value_error(path, "must not be empty")
+    for i, message in enumerate(value):
+        at = (*path, i)
+        if not isinstance(message, dict):
+            raise _type_error(at, "an object")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise _type_error((*at, "role"), "a string")
+        if role not in ROLES:
+            raise _value_error((*at, "role"), f"must be one of {', '.join(sorted(ROLES))}")
+        content_parts(message.get("content"), (*at, "content"))
+        for key in ("name", "tool_call_id", "reasoning_content", "reasoning"):
+            if message.get(key) is not None:
+                string(message[key], (*at, key))
+        calls = message.get("tool_calls")
+        if calls is not None:
+            array(calls, (*at, "tool_calls"))
+            for j, call in enumerate(calls):
+                obj(call, (*at, "tool_calls", j))
+
+
+def content_parts(value: Any, path: Path) -> None:
+    """Message content: null, a string, or an array of parts with a string ``type``."""
+    if value is None or isinstance(value, str):
+        return
+    if not isinstance(value, list):
+        raise _type_error(path, "a string or an array of content parts")
+    for i, part in enumerate(value):
+        at = (*path, i)
+        if not isinstance(part, dict):
+            raise _type_error(at, "an object")
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise _type_error((*at, "type"), "a string")
+        if kind in ("text", "input_text", "output_text") and not isinstance(part.get("text"), str):
+            raise _type_error((*at, "text"), "a string")
+
+
+def tools(value: Any, path: Path) -> None:
+    if not isinstance(value, list):
+        raise _type_error(path, "an array of tools")
+    for i, tool in enumerate(value):
+        at = (*path, i)
+        if not isinstance(tool, dict):
+            raise _type_error(at, "an object")
+        function = tool.get("function")
+        if function is not None:
+            obj(function, (*at, "function"))
+            if not isinstance(function.get("name"), str):
+                raise _type_error((*at, "function", "name"), "a string")
+
+
+def typed_object(value: Any, path: Path) -> None:
+    """An object with a string ``type`` (``response_format``)."""
+    obj(value, path)
+    if not isinstance(value.get("type"), str):
+        raise _type_error((*path, "type"), "a string")
+
+
+def responses_input(value: Any, path: Path) -> None:
+    if isinstance(value, str):
+        return
+    if not isinstance(value, list):
+        raise _type_error(path, "a string or an array of input items")
+    for i, item in enumerate(value):
+        at = (*path, i)
+        if not isinstance(item, dict):
+            raise _type_error(at, "an object")
+        content_parts(item.get("content"), (*at, "content"))
+
+
+# -- the tables -------------------------------------------------------------------------------
+
+_SAMPLING: dict[str, Validator] = {
+    "model": string,
+    "n": integer(1),
+    "best_of": integer(1),
+    "max_tokens": integer(0),
+    "temperature": number,
+    "top_p": number,
+    "top_k": integer(-1),
+    "min_p": number,
+    "presence_penalty": number,
+    "frequency_penalty": number,
+    "repetition_penalty": number,
+    "length_penalty": number,
+    "seed": integer(),
+    "stop": stop,
+    "stop_token_ids": int_list,
+    "include_stop_str_in_output": boolean,
+    "ignore_eos": boolean,
+    "min_tokens": integer(0),
+    "logit_bias": logit_bias,
+    "top_logprobs": integer(0),
+    "prompt_logprobs": integer(),
+    "stream": boolean,
+    "stream_options": obj,
+    "user": string,
+    "skip_special_tokens": boolean,
+    "spaces_between_special_tokens": boolean,
+    "truncate_prompt_tokens": integer(1),
+    "allowed_token_ids": int_list,
+    "bad_words": string_list,
+    "priority": integer(),
+    "request_id": string,
+    "cache_salt": string,
+    "add_special_tokens": boolean,
+    "use_beam_search": boolean,
+    "return_tokens_as_token_ids": boolean,
+    "return_token_ids": boolean,
+    "response_format": typed_object,
+    "metadata": obj,
+    "store": boolean,
+    "service_tier": string,
+    # guided decoding (bounded by the guided check)
+    "guided_json": string_or_object,
+    "guided_regex": string,
+    "guided_choice": string_list,
+    "guided_grammar": string,
+    "guided_decoding_backend": string,
+    "guided_whitespace_pattern": string,
+    "structured_outputs": obj,
+    "structural_tag": string_or_object,
+    "regex": string,
+    "ebnf": string,
+    "json_schema": string_or_object,
+    "grammar": string_or_object,
+    # llama.cpp / TGI spellings (bounded by the tokens and fan-out checks)
+    "n_predict": integer(),
+    "max_new_tokens": integer(0),
+    "top_n_tokens": integer(0),
+    "cache_prompt": boolean,
+    # schedguard extras (bounded by the templates check)
+    "prompt_template": string,
+    "template_vars": string_map,
+    "chat_template": string,
+    "chat_template_kwargs": obj,
+}
+
+CHAT: dict[str, Validator] = {
+    **_SAMPLING,
+    "messages": messages,
+    "max_completion_tokens": integer(1),
+    "max_tokens": integer(1),
+    "logprobs": boolean,
+    "echo": boolean,
+    "tools": tools,
+    "functions": tools,
+    "tool_choice": string_or_object,
+    "function_call": string_or_object,
+    "parallel_tool_calls": boolean,
+    "add_generation_prompt": boolean,
+    "continue_final_message": boolean,
+    "documents": array,
+    "modalities": string_list,
+    "audio": obj,
+    "prediction": obj,
+    "reasoning_effort": string,
+    "web_search_options": obj,
+    "separate_reasoning": boolean,
+    "stream_reasoning": boolean,
+}
+
+COMPLETIONS: dict[str, Validator] = {
+    **_SAMPLING,
+    "prompt": prompt,
+    "suffix": string,
+    "echo": boolean,
+    "logprobs": integer(),
+}
+
+EMBEDDINGS: dict[str, Validator] = {
+    "model": string,
+    "input": prompt,
+    "encoding_format": string,
+    "dimensions": integer(1),
+    "user": string,
+    "truncate_prompt_tokens": integer(1),
+    "add_special_tokens": boolean,
+    "priority": integer(),
+    "request_id": string,
+}
+
+RESPONSES: dict[str, Validator] = {
+    "model": string,
+    "input": responses_input,
+    "instructions": string,
+    "max_output_tokens": integer(1),
+    "temperature": number,
+    "top_p": number,
+    "top_logprobs": integer(0),
+    "stream": boolean,
+    "tools": tools,
+    "tool_choice": string_or_object,
+    "parallel_tool_calls": boolean,
+    "previous_response_id": string,
+    "store": boolean,
+    "metadata": obj,
+    "text": obj,
+    "reasoning": obj,
+    "truncation": string,
+    "user": string,
+    "include": string_list,
+    "background": boolean,
+    "service_tier": string,
+    "prompt_template": string,
+    "template_vars": string_map,
+    "chat_template": string,
+    "chat_template_kwargs": obj,
+}
+
+TOKENIZE: dict[str, Validator] = {
+    "model": string,
+    "prompt": prompt,
+    "messages": messages,
+    "add_special_tokens": boolean,
+    "add_generation_prompt": boolean,
+    "continue_final_message": boolean,
+    "return_token_strs": boolean,
+    "tools": tools,
+    "chat_template": string,
+    "chat_template_kwargs": obj,
+}
+
+# Required fields: at least one of each group must be present (and not null).
+REQUIRED: dict[str, tuple[tuple[str, ...], ...]] = {
+    "chat": (("messages",),),
+    "completions": (("prompt", "prompt_template"),),
+    "embeddings": (("input",),),
+    "tokenize": (("prompt", "messages"),),
+}
+
+# Both set: the upstream reads one of them (which one varies), so the request is ambiguous.
+EXCLUSIVE: dict[str, tuple[tuple[str, str], ...]] = {
+    "completions": (("prompt", "prompt_template"),),
+    "tokenize": (("prompt", "messages"),),
+}

@@ -1,0 +1,163 @@
+"""The fan-out check: parameters that multiply the work of one request.
+
+``n``, ``best_of``, ``logprobs`` / ``top_logprobs`` (and TGI's ``top_n_tokens``),
+``prompt_logprobs``, the number of prompts in a list-valued ``prompt`` / ``input``, ``min_tokens``
+against the output cap, the number and length of ``stop`` sequences, the size of ``logit_bias``,
+and the number of chat messages and content parts. Values are read leniently, as upstreams read
+them (``"n": "1e6"`` is a million to vLLM), and a negative ``logprobs`` or ``prompt_logprobs``
+(the whole vocabulary, to vLLM) is over any cap.
+
+Codes (all 400): ``n_exceeded``, ``best_of_exceeded``, ``logprobs_exceeded``,
+``top_logprobs_exceeded``, ``prompt_logprobs_exceeded``, ``prompts_exceeded``,
+``min_tokens_exceeds_max_tokens``, ``stop_exceeded``, ``logit_bias_exceeded``,
+``messages_exceeded``, ``content_parts_exceeded``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guard._policy_models import Policy
+from guard.checks._fields import effective_output, lax_int, prompt_items
+from guard.checks._result import CheckResult, pure_check
+from guard.errors import LimitExceeded
+from guard.request_view import RequestView
+
+__all__ = ["check_fanout"]
+
+
+def _cap(code: str, name: str, value: int, limit: int, *, negative_is_all: bool = False) -> None:
+    """Refuse ``value`` above ``limit``; a negative value too when it means "all" (vLLM's -1
+    logprobs). Other negatives are the schema check's (and the upstream's) to refuse."""
+    if value > limit:
+        raise LimitExceeded(code, f"{name} is {value}; the limit is {limit}", param=name)
+    if value < 0 and negative_is_all:
+        raise LimitExceeded(
+            code, f"{name} is {value} (all of the vocabulary); the limit is {limit}", param=name
+        )
+
+
+def _count(items: Any) -> int:
+    return len(items) if isinstance(items, list | dict) else 0
+
+
+@pure_check
+def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
+    body = view.obj
+    if body is None:
+        return None
+    limits = policy.limits.fanout
+    endpoint = view.endpoint
+
+    n = lax_int(body.get("n"))
+    if n is not None:
+        _cap("n_exceeded", "n", n, limits.max_n)
+    best_of = lax_int(body.get("best_of"))
+    if best_of is not None:
+        _cap("best_of_exceeded", "best_of", best_of, limits.max_best_of)
+
+    logprobs = body.get("logprobs")
+    if not isinstance(logprobs, bool):  # chat's logprobs is a switch; completions' a count
+        count = lax_int(logprobs)
+        if count is not None:
+            _cap("logprobs_exceeded", "logprobs", count, limits.max_logprobs, negative_is_all=True)
+    for name in ("top_logprobs", "top_n_tokens"):
+        count = lax_int(body.get(name))
+        if count is not None:
+            _cap(
+                "top_logprobs_exceeded", name, count, limits.max_top_logprobs, negative_is_all=True
+            )
+    count = lax_int(body.get("prompt_logprobs"))
+    if count is not None:
+        _cap(
+            "prompt_logprobs_exceeded",
+            "prompt_logprobs",
+            count,
+            limits.max_prompt_logprobs,
+            negative_is_all=True,
+        )
+
+    for name in ("prompt", "input"):
+        items = prompt_items(body.get(name))
+        if items is not None and len(items) > limits.max_prompts:
+            raise LimitExceeded(
+                "prompts_exceeded",
+                f"{name} holds {len(items)} prompts; the limit is {limits.max_prompts}",
+                param=name,
+            )
+
+    min_tokens = lax_int(body.get("min_tokens"))
+    if min_tokens is not None and min_tokens > 0:
+        cap = effective_output(body, endpoint, policy)
+        if cap is None:
+            cap = policy.limits.tokens.max_output_tokens
+        if min_tokens > cap:
+            raise LimitExceeded(
+                "min_tokens_exceeds_max_tokens",
+                f"min_tokens is {min_tokens}, more than the output cap of {cap}",
+                param="min_tokens",
+            )
+
+    _check_stop(body.get("stop"), limits.max_stop_sequences, limits.max_stop_bytes)
+
+    bias = body.get("logit_bias")
+    if _count(bias) > limits.max_logit_bias:
+        raise LimitExceeded(
+            "logit_bias_exceeded",
+            f"logit_bias has {_count(bias)} entries; the limit is {limits.max_logit_bias}",
+            param="logit_bias",
+        )
+
+    _check_messages(body, limits.max_messages, limits.max_content_parts)
+    return None
+
+
+def _check_stop(stop: Any, max_sequences: int, max_bytes: int) -> None:
+    sequences = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    if len(sequences) > max_sequences:
+        raise LimitExceeded(
+            "stop_exceeded",
+            f"{len(sequences)} stop sequences; the limit is {max_sequences}",
+            param="stop",
+        )
+    for i, item in enumerate(sequences):
+        if not isinstance(item, str):
+            continue
+        size = len(item)
+        if size <= max_bytes and not item.isascii():
+            size = len(item.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            raise LimitExceeded(
+                "stop_exceeded",
+                f"a stop sequence is longer than {max_bytes} bytes",
+                param="stop" if isinstance(stop, str) else f"stop[{i}]",
+            )
+
+
+def _check_messages(body: dict[str, Any], max_messages: int, max_parts: int) -> None:
+    # Chat messages, and the responses API's input items (the same thing by another name).
+    for name in ("messages", "input"):
+        items = body.get(name)
+        if not isinstance(items, list) or (name == "input" and not _are_messages(items)):
+            continue
+        if len(items) > max_messages:
+            raise LimitExceeded(
+                "messages_exceeded",
+                f"{len(items)} messages; the limit is {max_messages}",
+                param=name,
+            )
+        parts = 0
+        for i, message in enumerate(items):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):
+                parts += len(content)
+                if parts > max_parts:
+                    raise LimitExceeded(
+                        "content_parts_exceeded",
+                        f"more than {max_parts} content parts in the request",
+                        param=f"{name}[{i}].content",
+                    )
+
+
+def _are_messages(items: list[Any]) -> bool:
+    return bool(items) and isinstance(items[0], dict)

@@ -1,0 +1,89 @@
+"""The schema check: the body is a JSON object whose known fields have the types upstreams expect.
+
+Types are checked strictly (``"n": "2"`` and ``2.0`` are refused even though vLLM would coerce
+them: a guard and an upstream must not read one field two ways). Only top-level fields and the
+structure the other checks walk (messages and their content parts, prompts, tools) are checked;
+everything deeper is the upstream's to validate.
+
+Codes: ``body_not_object``, ``missing_field``, ``invalid_type``, ``invalid_value``,
+``unknown_field`` (with ``limits.schema.unknown_fields: reject``), ``field_not_allowed``
+(``limits.schema.denied_fields``). All 400.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from guard._policy_models import Policy
+from guard.checks import _schema_fields as fields
+from guard.checks._result import CheckResult, pure_check
+from guard.errors import GuardError
+from guard.request_view import Endpoint, RequestView
+
+__all__ = ["check_schema"]
+
+_TABLES: dict[Endpoint, Mapping[str, fields.Validator]] = {
+    "chat": fields.CHAT,
+    "completions": fields.COMPLETIONS,
+    "embeddings": fields.EMBEDDINGS,
+    "responses": fields.RESPONSES,
+    "tokenize": fields.TOKENIZE,
+}
+# Other allowlisted routes (vLLM's /pooling, /score, ...): the generation fields are typed,
+# since the other checks read them, and nothing is unknown.
+_OTHER: Mapping[str, fields.Validator] = {
+    **fields.COMPLETIONS,
+    **fields.CHAT,
+    "logprobs": fields.anything,
+    "input": fields.anything,
+}
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= 64 else name[:64] + "..."
+
+
+@pure_check
+def check_schema(view: RequestView, policy: Policy) -> CheckResult | None:
+    body = view.body
+    if body is None and view.method in ("GET", "HEAD", "DELETE"):
+        return None
+    if view.endpoint == "models":
+        return None
+    if not isinstance(body, dict):
+        raise GuardError("body_not_object", "the request body must be a JSON object")
+    settings = policy.limits.schema_
+    denied = settings.denied_fields
+    for name in denied:
+        if name in body:
+            raise GuardError(
+                "field_not_allowed", f"the field {name!r} is not accepted here", param=name
+            )
+    table = _TABLES.get(view.endpoint, _OTHER)
+    reject_unknown = settings.unknown_fields == "reject" and view.endpoint in _TABLES
+    extra = settings.extra_known_fields
+    for name, value in body.items():
+        validator = table.get(name)
+        if validator is None:
+            if reject_unknown and name not in extra:
+                raise GuardError(
+                    "unknown_field",
+                    f"unknown field {_shown(name)!r}; this server refuses fields it cannot check",
+                    param=_shown(name),
+                )
+            continue
+        if value is not None:
+            validator(value, (name,))
+    for group in fields.REQUIRED.get(view.endpoint, ()):
+        if all(body.get(name) is None for name in group):
+            names = " or ".join(group)
+            raise GuardError("missing_field", f"{names} is required", param=group[0])
+    for first, second in fields.EXCLUSIVE.get(view.endpoint, ()):
+        if body.get(first) is not None and body.get(second) is not None:
+            raise GuardError(
+                "invalid_value", f"send either {first} or {second}, not both", param=second
+            )
+    n, best_of = body.get("n"), body.get("best_of")
+    if type(n) is int and type(best_of) is int and best_of < n:
+        raise GuardError("invalid_value", "best_of must be >= n", param="best_of")
+    return None

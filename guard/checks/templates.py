@@ -1,0 +1,173 @@
+"""The templates check: prompt templates bounded, request chat templates refused or sandboxed.
+
+- ``prompt_template`` and every ``template_vars`` value: balanced ``{{``/``}}`` and nesting
+  within ``limits.templates.max_depth`` (one linear scan each, :mod:`guard.template_scan`);
+  then, through the variables, the depth and a bound on the expansion (characters and
+  placeholders expanded) computed without expanding (:mod:`guard.checks._placeholders`).
+- ``chat_template`` at the top level or inside ``chat_template_kwargs``, on any endpoint:
+  refused unless ``allow_request_chat_template``; then scanned, compiled in the hardened
+  sandbox and (``render_request_chat_template``) rendered with the request's messages under the
+  sandbox's limits and the prompt-token cap. ``chat_template_kwargs`` keys must be on the
+  allowlist (``tokenize`` never is).
+
+Codes: ``template_depth_exceeded``, ``template_unbalanced``, ``template_expansion_exceeded``,
+``invalid_type``, the ``chat_template_*`` codes of :mod:`guard.chat_template`,
+``deadline_exceeded`` (408) and ``prompt_tokens_exceeded`` from a render.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guard._policy_models import Policy, TemplatesPolicy
+from guard.budget import Budget, Limits
+from guard.chat_template import (
+    CODE_INVALID,
+    check_request_template_fields,
+    compile_chat_template,
+    render_chat_template,
+)
+from guard.checks._placeholders import Source, bound_expansion, parse_source
+from guard.checks._result import CheckResult, pure_check
+from guard.errors import GuardError, LimitExceeded, TemplateError
+from guard.request_view import RequestView
+from guard.template_scan import check_template
+from guard.tokens import get_counter
+
+__all__ = ["check_templates"]
+
+TEMPLATE_EXPANSION_EXCEEDED = "template_expansion_exceeded"
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= 64 else name[:64] + "..."
+
+
+@pure_check
+def check_templates(view: RequestView, policy: Policy) -> CheckResult | None:
+    body = view.obj
+    if body is None:
+        return None
+    costs: dict[str, int] = {}
+    _check_prompt_template(body, policy.limits.templates, costs)
+    _check_chat_template(body, policy, costs)
+    return CheckResult.passed(costs)
+
+
+def _check_prompt_template(
+    body: dict[str, Any], limits: TemplatesPolicy, costs: dict[str, int]
+) -> None:
+    template = body.get("prompt_template")
+    variables = body.get("template_vars")
+    if template is None and variables is None:
+        return
+    if template is not None and not isinstance(template, str):
+        raise GuardError(
+            "invalid_type", "prompt_template must be a string", param="prompt_template"
+        )
+    if variables is not None and not isinstance(variables, dict):
+        raise GuardError("invalid_type", "template_vars must be an object", param="template_vars")
+    depth = limits.max_depth
+    sources: dict[str, Source] = {}
+    for name, value in (variables or {}).items():
+        param = f"template_vars.{_shown(name)}"
+        if not isinstance(value, str):
+            raise GuardError("invalid_type", f"{param} must be a string", param=param)
+        check_template(value, max_depth=depth, param=param)
+        if template is not None:
+            sources[name] = parse_source(value)
+    if template is None:
+        return
+    check_template(template, max_depth=depth, param="prompt_template")
+    cap = max(limits.max_expansion_chars, limits.max_expansions) + 1
+    bound = bound_expansion(parse_source(template), sources, depth, cap)
+    if bound.too_deep is not None:
+        param = f"template_vars.{_shown(bound.too_deep)}" if bound.too_deep else "prompt_template"
+        raise LimitExceeded(
+            "template_depth_exceeded",
+            f"prompt_template nests deeper than {depth} through its variables "
+            "(placeholders in template_vars values count from where they are expanded; "
+            "a variable that refers to itself never ends)",
+            param=param,
+        )
+    if bound.size > limits.max_expansion_chars:
+        raise LimitExceeded(
+            TEMPLATE_EXPANSION_EXCEEDED,
+            f"prompt_template may expand to more than {limits.max_expansion_chars} characters "
+            "with these template_vars",
+            param="template_vars",
+        )
+    if bound.expansions > limits.max_expansions:
+        raise LimitExceeded(
+            TEMPLATE_EXPANSION_EXCEEDED,
+            f"prompt_template may expand more than {limits.max_expansions} placeholders "
+            "with these template_vars",
+            param="template_vars",
+        )
+    costs["template_expansion_chars"] = bound.size
+    costs["template_expansions"] = bound.expansions
+
+
+def _check_chat_template(body: dict[str, Any], policy: Policy, costs: dict[str, int]) -> None:
+    limits = policy.limits.templates
+    template = body.get("chat_template")
+    kwargs = body.get("chat_template_kwargs")
+    if template is None and kwargs is None:
+        return
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise GuardError(
+            "invalid_type", "chat_template_kwargs must be an object", param="chat_template_kwargs"
+        )
+    check_request_template_fields(
+        chat_template=template,
+        chat_template_kwargs=kwargs,
+        allow_request_template=limits.allow_request_chat_template,
+        allowed_kwargs=limits.chat_template_kwargs_allowlist,
+    )
+    if not limits.allow_request_chat_template:
+        return
+    for source, param in (
+        (template, "chat_template"),
+        ((kwargs or {}).get("chat_template"), "chat_template_kwargs.chat_template"),
+    ):
+        if source is None:
+            continue
+        try:
+            _validate_chat_template(source, body, kwargs or {}, policy, costs)
+        except GuardError as exc:
+            if exc.param in (None, "chat_template"):
+                exc.param = param
+            raise
+
+
+def _validate_chat_template(
+    source: Any,
+    body: dict[str, Any],
+    kwargs: dict[str, Any],
+    policy: Policy,
+    costs: dict[str, int],
+) -> None:
+    if not isinstance(source, str):
+        raise TemplateError(CODE_INVALID, "the chat template must be a string")
+    sandbox = policy.chat_template_limits
+    compiled = compile_chat_template(source, sandbox)
+    if not policy.limits.templates.render_request_chat_template:
+        return
+    cap = policy.limits.tokens.max_prompt_tokens
+    counter = get_counter(policy.limits.tokens.tokenizer)
+    budget = Budget(
+        Limits(max_tokens=cap, deadline_s=sandbox.deadline_s),
+        tokens=counter.incremental(cap, param="messages"),
+    )
+    messages = body.get("messages")
+    variables: dict[str, Any] = {
+        "messages": messages if isinstance(messages, list) else [],
+        "tools": body.get("tools"),
+        "documents": body.get("documents"),
+        "add_generation_prompt": body.get("add_generation_prompt", True),
+        "bos_token": "",
+        "eos_token": "",
+    }
+    variables.update((k, v) for k, v in kwargs.items() if k != "chat_template")
+    render_chat_template(compiled, variables, limits=sandbox, budget=budget)
+    costs["chat_template_prompt_tokens"] = budget.tokens_used()

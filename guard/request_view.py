@@ -1,0 +1,165 @@
+"""What the checks see of one request: the parsed body and a few facts about it, built once.
+
+A :class:`RequestView` is immutable at its own level; its ``body`` is the parsed JSON, shared and
+never modified (checks return mutations as data instead). Building one resolves the caller's API
+key to a tenant (:func:`resolve_key`), so an unknown key is refused before the body is parsed.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from guard._policy_models import ANONYMOUS_TENANT, KeyEntry, Policy, key_digest
+from guard.errors import GuardError
+
+__all__ = [
+    "KEPT_HEADERS",
+    "Endpoint",
+    "HeadersLike",
+    "RequestView",
+    "endpoint_of",
+    "normalise_headers",
+    "resolve_key",
+]
+
+Endpoint = Literal["chat", "completions", "embeddings", "responses", "tokenize", "models", "other"]
+
+_ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
+    "/tokenize": "tokenize",
+    "/v1/tokenize": "tokenize",
+    "/v1/models": "models",
+}
+
+# Headers a view keeps (lower case); everything else stays with the HTTP layer.
+KEPT_HEADERS = frozenset(
+    {"content-type", "content-encoding", "content-length", "x-request-id", "user-agent"}
+)
+# Longest header value kept (a request id or user agent beyond this is cut, not trusted).
+_MAX_KEPT_VALUE = 256
+
+HeadersLike = Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]]
+
+
+def endpoint_of(path: str) -> Endpoint:
+    """The endpoint a path serves (the query string ignored)."""
+    return _ENDPOINTS.get(path.split("?", 1)[0], "other")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+def normalise_headers(headers: HeadersLike) -> list[tuple[str, str]]:
+    """Header pairs with lower-case names, from a mapping or ASGI-style pairs."""
+    items: Iterable[tuple[str | bytes, str | bytes]] = (
+        headers.items() if isinstance(headers, Mapping) else headers
+    )
+    return [(_text(k).lower(), _text(v)) for k, v in items]
+
+
+def _bearer(pairs: list[tuple[str, str]]) -> str | None:
+    """The bearer token, or None when absent; refuses ambiguous or malformed credentials."""
+    values = [v for k, v in pairs if k == "authorization"]
+    if not values:
+        return None
+    if len(values) > 1:
+        raise GuardError(
+            "invalid_api_key", "send one Authorization header", param="authorization", status=401
+        )
+    scheme, _, token = values[0].strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise GuardError(
+            "invalid_api_key",
+            "the Authorization header must be 'Bearer <key>'",
+            param="authorization",
+            status=401,
+        )
+    return token
+
+
+def resolve_key(headers: HeadersLike, policy: Policy) -> KeyEntry | None:
+    """The policy's entry for the request's bearer key; ``None`` when the policy lists no keys
+    (every caller is the anonymous tenant). Raises 401 ``missing_api_key`` / ``invalid_api_key``.
+    """
+    if not policy.keys:
+        return None
+    token = _bearer(normalise_headers(headers))
+    if token is None:
+        raise GuardError(
+            "missing_api_key",
+            "an API key is required: send 'Authorization: Bearer <key>'",
+            status=401,
+        )
+    digest = key_digest(token)
+    entry = policy.keys_by_digest.get(digest)
+    # The dict lookup is on a digest, so its timing says nothing about the key; compare again
+    # in constant time anyway, as a matter of form.
+    if entry is None or not hmac.compare_digest(entry.digest, digest):
+        raise GuardError("invalid_api_key", "the API key is not valid", status=401)
+    return entry
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """One request as the checks see it.
+
+    - ``body``: the parsed JSON (``None`` for an empty body); never modified;
+    - ``path`` (no query string), ``endpoint`` (what the path serves), ``method``;
+    - ``headers``: the :data:`KEPT_HEADERS` present, lower-case names, values cut to 256;
+    - ``key``: the policy's entry for the caller's API key (``None``: anonymous);
+      ``tenant``: its tenant (``anonymous`` without keys); ``key_id``: a short non-secret id;
+    - ``raw_size``: the body's size in bytes as received.
+    """
+
+    body: Any
+    path: str
+    endpoint: Endpoint
+    method: str = "POST"
+    headers: Mapping[str, str] = field(default_factory=dict)
+    key: KeyEntry | None = None
+    tenant: str = ANONYMOUS_TENANT
+    raw_size: int = 0
+
+    @property
+    def key_id(self) -> str | None:
+        return None if self.key is None else self.key.key_id
+
+    @property
+    def obj(self) -> dict[str, Any] | None:
+        """The body when it is a JSON object (else ``None``)."""
+        return self.body if isinstance(self.body, dict) else None
+
+    @classmethod
+    def build(
+        cls,
+        body: Any,
+        *,
+        path: str,
+        method: str = "POST",
+        headers: HeadersLike = (),
+        key: KeyEntry | None = None,
+        raw_size: int = 0,
+    ) -> RequestView:
+        """A view; ``key`` as resolved by :func:`resolve_key`."""
+        pairs = normalise_headers(headers)
+        kept = {k: v[:_MAX_KEPT_VALUE] for k, v in pairs if k in KEPT_HEADERS}
+        clean_path = path.split("?", 1)[0]
+        return cls(
+            body=body,
+            path=clean_path,
+            endpoint=endpoint_of(clean_path),
+            method=method.upper(),
+            headers=MappingProxyType(kept),
+            key=key,
+            tenant=ANONYMOUS_TENANT if key is None else key.tenant,
+            raw_size=raw_size,
+        )

@@ -1,0 +1,325 @@
+"""guard.checks.tokens: prompt cap with the real tokenizer, output caps, context length."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import pytest
+
+from guard.checks import CheckResult, Mutation, check_tokens
+from guard.errors import GuardError
+from guard.policy import Policy, default_policy, policy_from_yaml
+from guard.request_view import RequestView
+from guard.tokens import get_counter
+
+P = default_policy()
+T = P.limits.tokens
+EXACT = policy_from_yaml("limits: {tokens: {exact_costs: true}}")
+CLAMP = policy_from_yaml("limits: {tokens: {over_max_output: clamp}}")
+NO_CONTEXT = policy_from_yaml("limits: {tokens: {context_length: null}}")
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+COUNTER = get_counter(T.tokenizer)
+
+
+def run(body: Any, path: str = CHAT, policy: Policy = P) -> CheckResult:
+    before = copy.deepcopy(body)
+    result = check_tokens(RequestView.build(body, path=path), policy)
+    assert body == before, "checks must not modify the body"
+    return result
+
+
+def rejection(body: Any, path: str = CHAT, policy: Policy = P) -> GuardError:
+    result = run(body, path, policy)
+    assert result.rejection is not None, "expected a rejection"
+    return result.rejection
+
+
+def text_of_tokens(n: int) -> str:
+    """Text of exactly ``n`` cl100k tokens (" word" is one token)."""
+    text = " word" * n
+    assert COUNTER.encode_count(text) == n
+    return text
+
+
+def chat(content: str, **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": content}], **fields}
+
+
+# -- output caps --------------------------------------------------------------------------------
+
+
+def test_default_max_tokens_is_injected() -> None:
+    result = run(chat("hi"))
+    assert result.rejection is None
+    assert result.mutations == (
+        Mutation(("max_tokens",), T.default_max_tokens, "default_max_tokens"),
+    )
+    assert result.costs["output_tokens"] == T.default_max_tokens
+    result = run({"prompt": "hi"}, COMPLETIONS)
+    assert result.mutations[0].path == ("max_tokens",)
+    result = run({"input": "hi"}, "/v1/responses")
+    assert result.mutations[0].path == ("max_output_tokens",)
+    # Nothing to inject where nothing is generated.
+    assert run({"input": "hi"}, "/v1/embeddings").mutations == ()
+
+
+def test_no_injection_when_a_cap_is_set() -> None:
+    for field in ("max_tokens", "max_completion_tokens", "n_predict", "max_new_tokens"):
+        result = run(chat("hi", **{field: 10}))
+        assert result.rejection is None and result.mutations == (), field
+        assert result.costs["output_tokens"] == 10
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens", "n_predict"])
+def test_output_cap_at_and_over(field: str) -> None:
+    assert run(chat("hi", **{field: T.max_output_tokens})).rejection is None
+    err = rejection(chat("hi", **{field: T.max_output_tokens + 1}))
+    assert err.code == "max_tokens_exceeded"
+    assert err.param == field
+
+
+def test_every_output_field_is_checked() -> None:
+    # vLLM reads max_completion_tokens or max_tokens depending on truthiness: check both.
+    err = rejection(chat("hi", max_completion_tokens=0, max_tokens=10**9))
+    assert err.param == "max_tokens"
+    assert rejection(chat("hi", n_predict=-1)).code == "max_tokens_exceeded"  # llama.cpp: forever
+    assert rejection(chat("hi", max_tokens="100000")).code == "max_tokens_exceeded"
+    err = rejection({"input": "x", "max_output_tokens": 10**6}, "/v1/responses")
+    assert err.param == "max_output_tokens"
+
+
+def test_clamp_mode() -> None:
+    result = run(chat("hi", max_tokens=10**6, n_predict=-1), policy=CLAMP)
+    assert result.rejection is None
+    assert set(result.mutations) == {
+        Mutation(("max_tokens",), T.max_output_tokens, "max_output_tokens"),
+        Mutation(("n_predict",), T.max_output_tokens, "max_output_tokens"),
+    }
+    assert result.costs["output_tokens"] == T.max_output_tokens
+
+
+def test_reserved_output_counts_every_sequence() -> None:
+    result = run({"prompt": ["a", "b", "c"], "n": 2, "best_of": 3, "max_tokens": 10}, COMPLETIONS)
+    assert result.costs["sequences"] == 9
+    assert result.costs["output_tokens_reserved"] == 90
+    assert result.costs["tokens_reserved"] == result.costs["prompt_tokens"] + 90
+    embed = run({"input": ["a", "b"]}, "/v1/embeddings")
+    assert embed.costs["sequences"] == 0 and embed.costs["output_tokens_reserved"] == 0
+
+
+# -- prompt tokens ------------------------------------------------------------------------------
+
+
+def test_prompt_at_and_over_the_cap_exactly() -> None:
+    overhead = T.per_message_tokens
+    at = chat(text_of_tokens(T.max_prompt_tokens - overhead), max_tokens=1)
+    result = run(at, policy=NO_CONTEXT)
+    assert result.rejection is None
+    assert result.costs["prompt_tokens"] == T.max_prompt_tokens
+    assert result.costs["prompt_tokens_exact"] == 1
+    over = chat(text_of_tokens(T.max_prompt_tokens - overhead + 1), max_tokens=1)
+    err = rejection(over, policy=NO_CONTEXT)
+    assert err.code == "prompt_tokens_exceeded"
+    assert err.param == "messages[0].content"
+
+
+def test_completion_prompt_at_and_over() -> None:
+    limit = T.max_prompt_tokens
+    assert run({"prompt": text_of_tokens(limit), "max_tokens": 1}, COMPLETIONS, NO_CONTEXT).allowed
+    err = rejection({"prompt": text_of_tokens(limit + 1), "max_tokens": 1}, COMPLETIONS, NO_CONTEXT)
+    assert err.code == "prompt_tokens_exceeded"
+    assert err.param == "prompt"
+
+
+def test_token_ids_count_as_tokens() -> None:
+    limit = T.max_prompt_tokens
+    assert run({"prompt": [7] * limit, "max_tokens": 1}, COMPLETIONS, NO_CONTEXT).allowed
+    err = rejection({"prompt": [7] * (limit + 1), "max_tokens": 1}, COMPLETIONS, NO_CONTEXT)
+    assert err.code == "prompt_tokens_exceeded"
+    assert err.param == "prompt"
+    half = [[7] * (limit // 2)] * 2
+    assert run({"prompt": half, "max_tokens": 1}, COMPLETIONS, NO_CONTEXT).allowed
+    err = rejection({"prompt": [*half, [7]], "max_tokens": 1}, COMPLETIONS, NO_CONTEXT)
+    assert err.param == "prompt[2]"
+
+
+def test_the_cap_is_summed_over_the_request() -> None:
+    half = text_of_tokens(T.max_prompt_tokens // 2)
+    body = {"prompt": [half, half, " word"], "max_tokens": 1}
+    err = rejection(body, COMPLETIONS, NO_CONTEXT)
+    assert err.code == "prompt_tokens_exceeded"
+    assert err.param == "prompt[2]"
+
+
+def test_everything_that_becomes_prompt_is_counted() -> None:
+    big = text_of_tokens(T.max_prompt_tokens)
+    base: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    variants: list[tuple[dict[str, Any], str]] = [
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": big}]}]}, "messages"),
+        ({"messages": [{"role": "assistant", "content": None, "reasoning_content": big}]}, "m"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"function": {"name": "f", "arguments": big}}],
+                    }
+                ]
+            },
+            "messages",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "f", "description": big}}]}, "tools"),
+        ({"prompt_template": big}, "prompt_template"),
+        ({"template_vars": {"x": big}}, "template_vars.x"),
+    ]
+    for extra, param in variants:
+        err = rejection(base | extra, policy=NO_CONTEXT)
+        assert err.code == "prompt_tokens_exceeded", extra.keys()
+        assert err.param is not None and err.param.startswith(param[:1])
+    responses = {"instructions": big, "input": [{"role": "user", "content": "x"}]}
+    assert rejection(responses, "/v1/responses", NO_CONTEXT).code == "prompt_tokens_exceeded"
+    assert rejection({"messages": [{"role": "user", "content": big}]}, "/tokenize").code == (
+        "prompt_tokens_exceeded"
+    )
+
+
+def test_media_parts_are_not_text() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 50_000}}
+    result = run({"messages": [{"role": "user", "content": [image]}], "max_tokens": 5})
+    assert result.rejection is None
+    assert result.costs["prompt_tokens"] < 10
+
+
+def test_short_prompts_are_not_tokenized_unless_exact_costs() -> None:
+    result = run(chat("hello there, how are you?", max_tokens=5))
+    assert result.costs["prompt_tokens_exact"] == 0
+    assert result.costs["prompt_tokens"] == len("hello there, how are you?") + T.per_message_tokens
+    result = run(chat("hello there, how are you?", max_tokens=5), policy=EXACT)
+    assert result.costs["prompt_tokens_exact"] == 1
+    assert result.costs["prompt_tokens"] == 7 + T.per_message_tokens
+
+
+def test_long_but_legal_prompts_pass() -> None:
+    # ~7 KB of English: over the byte bound, under the token cap, so it is counted exactly.
+    prose = "The quick brown fox jumps over the lazy dog. " * 160
+    result = run(chat(prose, max_tokens=100))
+    assert result.rejection is None
+    assert result.costs["prompt_tokens_exact"] == 1
+    assert result.costs["prompt_tokens"] == COUNTER.encode_count(prose) + T.per_message_tokens
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "你好，世界。今天天气很好，我们去公园散步吧。" * 60,
+        "Привет, мир! Как дела? " * 150,
+        "مرحبا بالعالم. كيف حالك اليوم؟ " * 120,
+        "🙂👍🏽 emoji " * 100,
+    ],
+)
+def test_non_latin_text_is_counted_exactly(text: str) -> None:
+    expected = COUNTER.encode_count(text) + T.per_message_tokens
+    result = run(chat(text, max_tokens=10), policy=NO_CONTEXT)
+    if expected <= T.max_prompt_tokens:
+        assert result.rejection is None
+        assert result.costs["prompt_tokens"] <= len(text.encode()) + T.per_message_tokens
+        if result.costs["prompt_tokens_exact"]:
+            assert result.costs["prompt_tokens"] == expected
+    else:
+        assert result.rejection is not None
+
+
+def test_huge_prompt_is_refused_without_tokenizing_it() -> None:
+    body = chat("a" * 900_000)
+    start = time.perf_counter()
+    assert rejection(body).code == "prompt_tokens_exceeded"
+    assert time.perf_counter() - start < 0.05
+
+
+# -- context length -----------------------------------------------------------------------------
+
+
+def test_context_length_at_and_over() -> None:
+    policy = policy_from_yaml("limits: {tokens: {context_length: 1000, max_output_tokens: 500}}")
+    overhead = T.per_message_tokens
+    at = chat(text_of_tokens(1000 - 500 - overhead), max_tokens=500)
+    assert run(at, policy=policy).rejection is None
+    over = chat(text_of_tokens(1000 - 500 - overhead + 1), max_tokens=500)
+    err = rejection(over, policy=policy)
+    assert err.code == "context_length_exceeded"
+    # A smaller output cap makes room.
+    assert run(chat(text_of_tokens(600), max_tokens=300), policy=policy).rejection is None
+    # The injected default counts too.
+    assert rejection(chat(text_of_tokens(800)), policy=policy).code == "context_length_exceeded"
+
+
+def test_context_length_applies_per_prompt() -> None:
+    policy = policy_from_yaml(
+        "limits: {tokens: {context_length: 600, max_output_tokens: 100, default_max_tokens: 100,"
+        " max_prompt_tokens: 2048}}"
+    )
+    ok = {"prompt": [text_of_tokens(500)] * 3, "max_tokens": 100}
+    assert run(ok, COMPLETIONS, policy).rejection is None
+    over = {"prompt": [text_of_tokens(500), text_of_tokens(501)], "max_tokens": 100}
+    err = rejection(over, COMPLETIONS, policy)
+    assert err.code == "context_length_exceeded"
+    assert err.param == "prompt[1]"
+
+
+def test_embeddings_inputs_fit_the_context() -> None:
+    policy = policy_from_yaml("limits: {tokens: {context_length: 300, default_max_tokens: 100}}")
+    assert run({"input": text_of_tokens(300)}, "/v1/embeddings", policy).rejection is None
+    err = rejection({"input": text_of_tokens(301)}, "/v1/embeddings", policy)
+    assert err.code == "context_length_exceeded"
+
+
+def test_non_object_bodies_pass_through() -> None:
+    assert run(None).rejection is None
+    assert run([1, 2]).rejection is None
+
+
+# -- prompt templates ---------------------------------------------------------------------------
+
+
+def test_prompt_template_expansion_is_counted_as_expanded() -> None:
+    limit = T.max_prompt_tokens
+    words = text_of_tokens(limit // 4)
+    at = {"prompt_template": "{{a}}{{ a }}{{a}}{{a}}", "template_vars": {"a": words}}
+    result = run(at | {"max_tokens": 1}, COMPLETIONS, NO_CONTEXT)
+    assert result.rejection is None
+    assert result.costs["prompt_tokens"] == limit
+    over = at | {"template_vars": {"a": words + " word"}, "max_tokens": 1}
+    err = rejection(over, COMPLETIONS, NO_CONTEXT)
+    assert err.code == "prompt_tokens_exceeded"
+    assert err.param == "prompt_template"
+    # Through a chain of variables, many tiny runs: cheap, and still bounded.
+    chain = {"prompt_template": "{{b}}" * 300, "template_vars": {"b": "x{{c}}" * 3, "c": "yz"}}
+    assert rejection(chain, COMPLETIONS, NO_CONTEXT).code == "prompt_tokens_exceeded"
+    small = {"prompt_template": "{{b}}" * 10, "template_vars": {"b": "x{{c}}" * 3, "c": "yz"}}
+    result = run(small | {"max_tokens": 1}, COMPLETIONS, NO_CONTEXT)
+    assert result.rejection is None
+    assert result.costs["prompt_tokens"] == 10 * 3 * 3  # bytes: an upper bound
+
+
+def test_prompt_template_without_variables_is_plain_text() -> None:
+    result = run({"prompt_template": "Hello {{system_prompt}}", "max_tokens": 1}, COMPLETIONS)
+    assert result.rejection is None
+    assert result.costs["prompt_tokens"] == len("Hello {{system_prompt}}")
+
+
+def test_hostile_templates_stay_cheap_for_the_tokens_check_alone() -> None:
+    laughs = {f"a{i}": f"{{{{a{i + 1}}}}}" * 10 for i in range(7)} | {"a7": "lol" * 50}
+    seed = "{{" * 1024 + "system_prompt}}" * 512
+    for body in (
+        {"prompt_template": "{{a0}}", "template_vars": laughs},
+        {"prompt_template": seed, "template_vars": {"system_prompt": "x"}},
+        {"prompt_template": "{{a}}", "template_vars": {"a": "{{a}}{{a}}"}},
+    ):
+        start = time.perf_counter()
+        result = run(body, COMPLETIONS)
+        assert time.perf_counter() - start < 0.05
+        # Refused here or by the templates check: never expanded.
+        assert result.rejection is None or result.rejection.code == "prompt_tokens_exceeded"

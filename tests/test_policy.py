@@ -1,0 +1,373 @@
+"""guard.policy: defaults, YAML, SCHEDGUARD_* overrides, validation messages, show, docs."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from guard._jinja_state import ChatTemplateLimits
+from guard._policy_docs import BEGIN, END, field_paths, iter_fields, policy_reference
+from guard.guided import GuidedLimits
+from guard.json_scan import JsonLimits
+from guard.policy import (
+    ANONYMOUS_TENANT,
+    CHECK_NAMES,
+    KeyEntry,
+    Policy,
+    PolicyError,
+    default_policy,
+    key_digest,
+    load_policy,
+    policy_from_yaml,
+    policy_to_yaml,
+)
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "POLICY.md"
+
+
+def problems(text: str = "", env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        policy_from_yaml(text, env)
+    return info.value.problems
+
+
+# -- defaults -----------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    p = load_policy(None, env={})
+    assert p == default_policy()
+    assert p.limits.tokens.max_prompt_tokens == 2048
+    assert p.limits.templates.max_depth == 8
+    assert p.limits.templates.allow_request_chat_template is False
+    assert "tokenize" not in p.limits.templates.chat_template_kwargs_allowlist
+    assert p.limits.fanout.max_best_of == 2
+    assert p.limits.fanout.max_top_logprobs == 5
+    assert p.limits.schema_.unknown_fields == "allow"
+    assert p.keys == ()
+    assert p.routes == ()
+    assert p.checks == CHECK_NAMES
+    assert p.observability.log_prompts is False
+    assert p.rate.on_redis_failure == "closed"
+    assert "/v1/chat/completions" in p.allowed_routes
+    assert "/v1/responses" not in p.allowed_routes
+
+
+def test_policy_is_immutable() -> None:
+    p = default_policy()
+    with pytest.raises(ValueError):
+        p.limits.tokens.max_prompt_tokens = 1
+
+
+@pytest.mark.parametrize(
+    ("section", "limits_type"),
+    [("json_", JsonLimits), ("guided", GuidedLimits)],
+)
+def test_mirrored_sections_match_their_dataclasses(section: str, limits_type: type) -> None:
+    model = getattr(default_policy().limits, section)
+    dc_fields = {f.name: f.default for f in dataclasses.fields(limits_type)}
+    dc_fields.pop("max_body_bytes", None)  # JsonLimits' comes from limits.body
+    assert model.model_dump() == dc_fields
+
+
+def test_chat_template_section_matches_the_sandbox_limits() -> None:
+    model = default_policy().limits.templates.chat_template
+    dc_fields = {f.name: f.default for f in dataclasses.fields(ChatTemplateLimits)}
+    dumped = model.model_dump()
+    assert dumped.keys() == dc_fields.keys()
+    # The guard renders under the hardened scheduler's deadline, not the library's 1 s.
+    assert dumped.pop("deadline_s") == 0.25
+    dc_fields.pop("deadline_s")
+    assert dumped == dc_fields
+
+
+def test_derived_limit_objects() -> None:
+    p = policy_from_yaml(
+        "limits: {body: {max_body_bytes: 1000, content_encoding: inflate, max_inflated_bytes: 5000},"
+        " json: {max_depth: 10}}"
+    )
+    assert p.json_limits.max_body_bytes == 5000
+    assert p.json_limits.max_depth == 10
+    assert p.guided_limits == GuidedLimits()
+    assert p.chat_template_limits.deadline_s == 0.25
+
+
+# -- YAML ---------------------------------------------------------------------------------------
+
+
+def test_yaml_file(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "upstream:\n  url: http://127.0.0.1:8000/\n"
+        "routes: [/v1/responses, /tokenize]\n"
+        "limits:\n  tokens:\n    max_prompt_tokens: 4096\n    context_length: 8192\n"
+        "  schema:\n    unknown_fields: reject\n"
+    )
+    p = load_policy(str(path), env={})
+    assert p.upstream.url == "http://127.0.0.1:8000"
+    assert p.routes == ("/v1/responses", "/tokenize")
+    assert "/tokenize" in p.allowed_routes
+    assert p.limits.tokens.max_prompt_tokens == 4096
+    assert p.limits.schema_.unknown_fields == "reject"
+
+
+def test_empty_yaml_is_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing\n")
+    assert load_policy(str(path), env={}) == default_policy()
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(str(tmp_path / "nope.yaml"), env={})
+    assert "not valid YAML" in problems("limits: [")[0]
+    assert problems("- a\n- b\n") == ["the policy must be a YAML mapping"]
+
+
+def test_duplicate_yaml_keys_are_refused() -> None:
+    (problem,) = problems(
+        "limits:\n  tokens:\n    max_prompt_tokens: 1\n    max_prompt_tokens: 2\n"
+    )
+    assert "duplicate key 'max_prompt_tokens'" in problem
+
+
+# -- validation messages -----------------------------------------------------------------------
+
+
+def test_errors_name_the_field() -> None:
+    found = problems(
+        "limits:\n  tokens: {max_prompt_tokens: 0}\n  fanout: {max_n: -1, max_best_of: x}\n"
+        "upstream: {connect_timeout_s: 0}\n"
+    )
+    assert "limits.tokens.max_prompt_tokens: must be > 0" in found
+    assert "limits.fanout.max_n: must be > 0" in found
+    assert "limits.fanout.max_best_of: must be an integer" in found
+    assert "upstream.connect_timeout_s: must be > 0" in found
+
+
+def test_message_lists_every_problem() -> None:
+    with pytest.raises(PolicyError) as info:
+        policy_from_yaml("limits: {tokens: {max_prompt_tokens: 0, max_output_tokens: 0}}")
+    text = str(info.value)
+    assert text.startswith("invalid policy")
+    assert "\n  limits.tokens.max_prompt_tokens: must be > 0" in text
+    assert "\n  limits.tokens.max_output_tokens: must be > 0" in text
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        (
+            "limits: {tokens: {max_promt_tokens: 1}}",
+            "limits.tokens.max_promt_tokens: unknown field",
+        ),
+        ("limitz: {}", "limitz: unknown field"),
+        (
+            "limits: {body: {content_encoding: gzip}}",
+            "limits.body.content_encoding: must be one of",
+        ),
+        ("limits: {tokens: 5}", "limits.tokens: must be a mapping"),
+        ("limits: {tokens: {max_prompt_tokens: 2.5}}", "limits.tokens.max_prompt_tokens: must be"),
+        ("limits: {tokens: {max_prompt_tokens: '12'}}", "limits.tokens.max_prompt_tokens: must be"),
+        ("limits: {tokens: {max_prompt_tokens: true}}", "limits.tokens.max_prompt_tokens: must be"),
+        ("limits: {json: {max_depth: 129}}", "limits.json.max_depth: must be <= 128"),
+        ("limits: {templates: {max_depth: 0}}", "limits.templates.max_depth: must be >= 1"),
+        ("upstream: {url: 'ftp://x'}", "upstream.url: must be an http:// or https:// URL"),
+        ("routes: ['v1/x']", "routes: 'v1/x' must be a plain absolute path"),
+        ("routes: ['/guard/v1/check']", "routes: '/guard/v1/check' is the guard's own path"),
+        ("checks: [schema, nope]", "checks: unknown check 'nope'"),
+        ("checks: [schema, schema]", "checks: a check is listed twice"),
+        ("rate: {redis_url: 'http://x'}", "rate.redis_url: must be a redis://"),
+        ("rate: {on_redis_failure: maybe}", "rate.on_redis_failure: must be one of"),
+        (
+            "limits: {templates: {chat_template_kwargs_allowlist: [tokenize]}}",
+            "limits.templates.chat_template_kwargs_allowlist: 'tokenize' may not be allowlisted",
+        ),
+        (
+            "limits: {tokens: {default_max_tokens: 4000, max_output_tokens: 3000}}",
+            "limits.tokens: default_max_tokens must be <= max_output_tokens",
+        ),
+        (
+            "limits: {tokens: {context_length: 256}}",
+            "limits.tokens: default_max_tokens must be < context_length",
+        ),
+        ("keys: [{tenant: a}]", "keys[0]: set exactly one of key and key_sha256"),
+        ("keys: [{key: short, tenant: a}]", "keys[0].key: must be 8 to 256 printable"),
+        ("keys: [{key: abcdefghij, tenant: 'a b'}]", "keys[0].tenant: must be 1 to 64"),
+        ("keys: [{key_sha256: abc, tenant: a}]", "keys[0].key_sha256: must be 64 hexadecimal"),
+        ("keys: [{key: abcdefghij}]", "keys[0].tenant: required"),
+        (
+            "keys: [{key: abcdefghij, tenant: a}, {key: abcdefghij, tenant: b}]",
+            "(policy): keys[1] repeats the key of keys[0]",
+        ),
+        (
+            "keys: [{key: abcdefghij, tenant: a, rate: {burst: 0}}]",
+            "keys[0].rate.burst: must be > 0",
+        ),
+    ],
+)
+def test_validation_messages(yaml_text: str, expected: str) -> None:
+    found = problems(yaml_text)
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_unknown_tokenizer_is_refused_at_load() -> None:
+    (problem,) = problems("limits: {tokens: {tokenizer: /nonexistent/tokenizer.json}}")
+    assert problem.startswith("limits.tokens.tokenizer: cannot load")
+
+
+# -- environment --------------------------------------------------------------------------------
+
+
+def test_env_overrides_nested_fields(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("limits: {tokens: {max_prompt_tokens: 1000}}\n")
+    env = {
+        "SCHEDGUARD_LIMITS__TOKENS__MAX_PROMPT_TOKENS": "4096",
+        "SCHEDGUARD_LIMITS__TEMPLATES__ALLOW_REQUEST_CHAT_TEMPLATE": "true",
+        "SCHEDGUARD_ROUTES": '["/v1/responses"]',
+        "SCHEDGUARD_UPSTREAM__URL": "http://upstream:9000",
+        "SCHEDGUARD_RATE__REDIS_URL": "redis://localhost:6379/0",
+        "schedguard_limits__fanout__max_n": "4",
+        "SCHEDGUARD_LIMITS__TOKENS__CONTEXT_LENGTH": "null",
+        "SCHEDGUARD_POLICY": "/somewhere/else.yaml",  # not a policy field: ignored
+        "OTHER_VAR": "x",
+    }
+    p = load_policy(str(path), env=env)
+    assert p.limits.tokens.max_prompt_tokens == 4096
+    assert p.limits.templates.allow_request_chat_template is True
+    assert p.routes == ("/v1/responses",)
+    assert p.upstream.url == "http://upstream:9000"
+    assert p.rate.redis_url == "redis://localhost:6379/0"
+    assert p.limits.fanout.max_n == 4
+    assert p.limits.tokens.context_length is None
+
+
+def test_env_keys_as_yaml() -> None:
+    digest = key_digest("secret-key-1")
+    env = {"SCHEDGUARD_KEYS": f"[{{key_sha256: {digest}, tenant: team-a}}]"}
+    p = load_policy(None, env=env)
+    assert p.keys[0].tenant == "team-a"
+    assert p.keys_by_digest[digest].tenant == "team-a"
+
+
+def test_env_errors_name_the_variable() -> None:
+    found = problems("", {"SCHEDGUARD_LIMITS__TOKENS__MAX_PROMPT_TOKENS": "-5"})
+    assert found == [
+        "limits.tokens.max_prompt_tokens: must be > 0 (from SCHEDGUARD_LIMITS__TOKENS__MAX_PROMPT_TOKENS)"
+    ]
+    found = problems("", {"SCHEDGUARD_LIMITS__TOKENS__MAX_PROMT_TOKENS": "5"})
+    assert found[0].startswith("limits.tokens.max_promt_tokens: unknown field (from SCHEDGUARD_")
+    found = problems("", {"SCHEDGUARD_LIMITZ__TOKENS": "5"})
+    assert found[0].startswith("limitz: unknown field")
+
+
+def test_env_path_through_a_scalar_is_an_error() -> None:
+    found = problems("", {"SCHEDGUARD_ROUTES__X": "1"})
+    assert found == ["routes: must be a list (from SCHEDGUARD_ROUTES__X)"]
+    found = problems("routes: [/a]", {"SCHEDGUARD_ROUTES__X": "1"})
+    assert found[0].startswith("routes.x: cannot set from SCHEDGUARD_ROUTES__X")
+    found = problems("", {"SCHEDGUARD_LIMITS____X": "1"})
+    assert "empty path segment" in found[0]
+
+
+# -- keys and rates -----------------------------------------------------------------------------
+
+
+def test_keys_are_found_by_digest() -> None:
+    p = policy_from_yaml(
+        "keys:\n  - {key: first-key-123, tenant: a}\n"
+        f"  - {{key_sha256: {hashlib.sha256(b'second-key-456').hexdigest().upper()}, tenant: b}}\n"
+    )
+    assert p.keys_by_digest[key_digest("first-key-123")].tenant == "a"
+    assert p.keys_by_digest[key_digest("second-key-456")].tenant == "b"
+    assert "first-key-123" not in repr(p)
+    assert ANONYMOUS_TENANT == "anonymous"
+
+
+def test_rate_overrides_inherit_what_they_leave_out() -> None:
+    p = policy_from_yaml(
+        "rate: {requests_per_minute: 100, tokens_per_minute: 5000, burst: 7}\n"
+        "keys:\n"
+        "  - {key: key-aaaaaaaa, tenant: a, rate: {requests_per_minute: 10}}\n"
+        "  - {key: key-bbbbbbbb, tenant: b, rate: {tokens_per_minute: null, burst: null}}\n"
+        "  - {key: key-cccccccc, tenant: c}\n"
+    )
+    a, b, c = p.keys
+    assert p.rate_for(a).requests_per_minute == 10
+    assert p.rate_for(a).tokens_per_minute == 5000
+    assert p.rate_for(b).tokens_per_minute is None  # explicitly unlimited
+    assert p.rate_for(b).burst == 7  # burst cannot be unlimited: null inherits
+    assert p.rate_for(c) == p.rate
+    assert p.rate_for(None) == p.rate
+
+
+# -- show ---------------------------------------------------------------------------------------
+
+
+def test_policy_to_yaml_round_trips_and_hides_secrets() -> None:
+    p = policy_from_yaml(
+        "rate: {redis_url: 'redis://user:hunter2@cache:6379/0'}\n"
+        "keys:\n  - {key: my-secret-key, tenant: a, rate: {burst: 3}}\n"
+        "routes: [/v1/responses]\n"
+    )
+    text = policy_to_yaml(p)
+    assert "my-secret-key" not in text
+    assert "hunter2" not in text
+    assert key_digest("my-secret-key") in text
+    assert "redis://user:***@cache:6379/0" in text
+    again = policy_from_yaml(text.replace("user:***@", "user:hunter2@"))
+    assert again.keys[0].digest == p.keys[0].digest
+    assert again.rate_for(again.keys[0]) == p.rate_for(p.keys[0])
+    assert again.routes == p.routes
+    assert again.rate == p.rate
+
+
+def test_policy_to_yaml_can_reveal() -> None:
+    p = policy_from_yaml("keys: [{key: my-secret-key, tenant: a}]")
+    text = policy_to_yaml(p, reveal_secrets=True)
+    assert "my-secret-key" in text
+    assert policy_from_yaml(text) == p
+
+
+def test_default_policy_yaml_round_trips() -> None:
+    text = policy_to_yaml(default_policy())
+    assert "max_prompt_tokens: 2048" in text
+    assert policy_from_yaml(text) == default_policy()
+
+
+def test_key_entry_forms() -> None:
+    entry = KeyEntry.model_validate({"key": "abcdefgh12", "tenant": "t"})
+    assert entry.key_id == key_digest("abcdefgh12")[:12]
+    assert "abcdefgh12" not in repr(entry)
+
+
+# -- documentation ------------------------------------------------------------------------------
+
+
+def test_every_field_has_a_description() -> None:
+    missing = [f.path for f in iter_fields() if not f.description.strip()]
+    assert not missing, missing
+
+
+def test_every_field_is_documented_in_policy_md() -> None:
+    text = DOCS.read_text()
+    missing = [path for path in field_paths() if f"`{path}`" not in text]
+    assert not missing, f"undocumented in docs/POLICY.md: {missing}"
+
+
+def test_policy_md_reference_is_up_to_date() -> None:
+    text = DOCS.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    assert text[start:end] + "\n" == policy_reference(), (
+        "docs/POLICY.md is stale: regenerate its reference with `python -m guard.policy "
+        "--markdown` and paste it between the markers"
+    )
+
+
+def test_policy_model_is_strict_about_extra_fields() -> None:
+    with pytest.raises(ValueError):
+        Policy.model_validate({"limits": {"tokens": {"bogus": 1}}})
