@@ -1,0 +1,83 @@
+"""uvicorn's httptools protocol with a cap on the request head (request line + headers).
+
+httptools has no limit of its own on the request head: a client can stream megabytes of one
+header (or of the URL) and the server accumulates them before the app sees anything (vLLM
+GHSA-rxc4-3w6r-4v47 is an 8 MB header). This protocol counts the bytes received while a head is
+being parsed and, past ``max_head_bytes``, answers 431 ``headers_too_large`` (an OpenAI error
+body) and closes the connection. The app still checks the policy's exact header count and size
+(:func:`guard.framing.inspect_head`); this is the backstop in front of it, set from the policy
+by :func:`configure` with room for the request line.
+
+Use it with ``uvicorn.run(..., http="guard._http_protocol:GuardHttpToolsProtocol")``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from guard.errors import GuardError
+
+__all__ = ["GuardHttpToolsProtocol", "configure"]
+
+# Room for the request line (method, URL, version) on top of the policy's header bytes.
+URL_ALLOWANCE = 8192 + 256
+
+
+def configure(max_header_bytes: int) -> None:
+    """Set the cap for every connection of this process (each uvicorn worker calls it)."""
+    GuardHttpToolsProtocol.max_head_bytes = max_header_bytes + URL_ALLOWANCE
+
+
+class GuardHttpToolsProtocol(HttpToolsProtocol):
+    max_head_bytes: ClassVar[int] = 16384 + URL_ALLOWANCE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = 0
+        self._tail = b""
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True  # whatever comes next on this connection is a new head
+        self._head_bytes = 0
+        self._tail = b""
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            # Only the bytes up to the blank line that ends the head count; a body sent in the
+            # same packet does not. The previous chunk's last 3 bytes catch a split marker.
+            window = self._tail + data
+            end = window.find(b"\r\n\r\n")
+            head_part = len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+            self._head_bytes += head_part
+            self._tail = window[-3:]
+            if self._head_bytes > self.max_head_bytes:
+                self._refuse_head()
+                return
+        super().data_received(data)
+
+    def _refuse_head(self) -> None:
+        if self.transport.is_closing():
+            return
+        err = GuardError(
+            "headers_too_large",
+            f"the request line and headers exceed {self.max_head_bytes} bytes",
+            status=431,
+        )
+        body = json.dumps(err.to_body(), separators=(",", ":")).encode()
+        head = (
+            "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            "content-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n"
+        ).encode()
+        self.transport.write(head + body)
+        self.transport.close()

@@ -1,0 +1,397 @@
+"""The guard's HTTP app: an OpenAI-compatible gateway that checks every request before the
+upstream sees it.
+
+Routes:
+
+- proxied (:mod:`guard._gateway`, pure ASGI): ``POST /v1/chat/completions``,
+  ``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /v1/models`` (and
+  ``/v1/models/{model}``), plus the policy's ``routes`` (POST); any other path gets 404
+  ``route_not_allowed``;
+- ``POST /guard/v1/check?path=/v1/chat/completions``: the dry-run verdict for a body, always
+  200 when the body could be judged (``allowed``, ``status``, ``code``, ``message``, ``param``,
+  ``costs``, ``mutations``, ``durations_ms``, ``checks``); the same framing and API-key rules;
+- ``GET /healthz`` (the process is up), ``GET /readyz`` (the upstream answers its health check;
+  503 ``upstream_unavailable`` otherwise), ``GET /metrics`` (Prometheus, this app's registry),
+  ``GET /openapi.json``.
+
+Every error, for any input, is an OpenAI error body with a stable ``code``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from guard._gateway import Gateway, InternalError, check_outcomes
+from guard.access_log import AccessLog
+from guard.concurrency import ConcurrencyLimiter, ConcurrencyLimits
+from guard.errors import GuardError, NotFound
+from guard.framing import ClientDisconnected, inspect_head, read_body
+from guard.metrics import CONTENT_TYPE, GuardMetrics
+from guard.pipeline import evaluate_body
+from guard.policy import Policy
+from guard.proxy import Upstream, UpstreamConfig
+from guard.ratelimit import RateLimiter, make_rate_limiter
+from guard.request_view import normalise_headers, resolve_key
+from guard.tokens import TokenCounter, get_counter
+from guard.tracing import make_tracing
+
+__all__ = ["GUARD_PATHS", "create_app"]
+
+CHECK_PATH = "/guard/v1/check"
+GUARD_PATHS = frozenset({CHECK_PATH, "/healthz", "/readyz", "/metrics", "/openapi.json"})
+_MAX_TOKENIZED_DELTA = 1024
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+
+
+def create_app(
+    policy: Policy,
+    *,
+    limiter: RateLimiter | None = None,
+    concurrency: ConcurrencyLimiter | None = None,
+    upstream_url: str | None = None,
+    tracer_provider: Any = None,
+    access_log: AccessLog | None = None,
+    client_timeout_s: float | None = None,
+    health_path: str = "/health",
+) -> FastAPI:
+    """The guard in front of ``upstream_url`` (default: ``policy.upstream.url``).
+
+    ``limiter`` defaults to the policy's (Redis when ``rate.redis_url`` is set, else in memory);
+    ``concurrency`` to the policy's per-key and global limits. ``tracer_provider`` forces
+    OpenTelemetry spans on (tests); otherwise they follow the ``OTEL_*`` environment.
+    ``client_timeout_s``: a client that stops reading a response for this long is cut (default:
+    ``upstream.read_timeout_s``).
+    """
+    url = upstream_url or policy.upstream.url
+    if url is None:
+        raise ValueError("no upstream: set upstream.url in the policy or pass upstream_url")
+    up = policy.upstream
+    upstream = Upstream(
+        UpstreamConfig(
+            url=url,
+            connect_timeout_s=up.connect_timeout_s,
+            read_timeout_s=up.read_timeout_s,
+            total_timeout_s=up.total_timeout_s,
+            max_connections=up.max_connections,
+            health_path=health_path,
+        )
+    )
+    metrics = GuardMetrics()
+    if limiter is None:
+        limiter = make_rate_limiter(policy.rate.redis_url, on_error=policy.rate.on_redis_failure)
+    if concurrency is None:
+        rate = policy.rate
+        concurrency = ConcurrencyLimiter(
+            per_key=ConcurrencyLimits(rate.per_key_concurrency, rate.queue_size),
+            global_max_concurrent=rate.global_concurrency,
+            global_max_queued=rate.queue_size,
+            queue_timeout_s=rate.queue_timeout_s,
+        )
+    metrics.export("rate", limiter.metrics.snapshot)
+    slots = concurrency
+    metrics.export(
+        "concurrency",
+        lambda: {
+            **slots.metrics.snapshot(),
+            "in_flight": slots.in_flight,
+            "waiting": slots.waiting,
+        },
+    )
+    counter = get_counter(policy.limits.tokens.tokenizer)
+    gateway = Gateway(
+        policy,
+        upstream=upstream,
+        limiter=limiter,
+        concurrency=concurrency,
+        metrics=metrics,
+        access_log=access_log or AccessLog(policy.observability.access_log),
+        tracing=make_tracing(tracer_provider),
+        count_tokens=_delta_counter(counter),
+        client_timeout_s=client_timeout_s or up.read_timeout_s,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            gateway.access_log.flush()
+            await upstream.aclose()
+            await limiter.aclose()
+
+    kwargs: dict[str, Any] = {}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        # FastAPI's own OpenTelemetry would add a second span per request: the guard has one.
+        kwargs["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
+    app = _GuardApp(
+        title="schedguard guard",
+        summary="A gateway that stops resource-exhaustion requests before the LLM server",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        **kwargs,
+    )
+    app.gateway = gateway
+    app.state.gateway = gateway
+    app.state.metrics = metrics
+    _install_error_handlers(app)
+
+    @app.get("/healthz", summary="The guard process is up")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz", summary="The upstream answers its health check")
+    async def readyz() -> JSONResponse:
+        if await upstream.ready():
+            return JSONResponse({"status": "ready"})
+        err = GuardError("upstream_unavailable", "the upstream server is not ready", status=503)
+        return JSONResponse(err.to_body(), status_code=503)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.post(
+        CHECK_PATH,
+        summary="Dry-run verdict for a request body",
+        openapi_extra=_check_schema(policy),
+    )
+    async def check(request: Request, path: str = "/v1/chat/completions") -> Response:
+        return await _dry_run(gateway, request, path)
+
+    app.openapi = _openapi_with_proxied_routes(app, policy)  # type: ignore[method-assign]
+    app.add_middleware(_Dispatch, gateway=gateway)
+    return app
+
+
+def _delta_counter(counter: TokenCounter) -> Callable[[str], int]:
+    """Tokens of one streamed delta; a delta too long to be one token's worth is estimated
+    (4 bytes a token) rather than tokenized, so an upstream cannot make the guard's accounting
+    expensive."""
+
+    def count(text: str) -> int:
+        if len(text) <= _MAX_TOKENIZED_DELTA:
+            return counter.count(text)
+        return max(1, len(text) // 4)
+
+    return count
+
+
+async def _dry_run(gateway: Gateway, request: Request, path: str) -> Response:
+    """The verdict the proxied route would give ``request``'s body, without forwarding it."""
+    policy = gateway.policy
+    request_id = os.urandom(16).hex()
+    headers: dict[str, str] = {"x-request-id": request_id}
+    raw_headers = request.scope["headers"]
+    pairs = normalise_headers(raw_headers)
+    resolve_key(pairs, policy)  # 401 is an error, not a verdict: the caller must be allowed in
+    start = time.perf_counter()
+    try:
+        head = inspect_head(raw_headers, gateway.framing)
+        if head.request_id:
+            headers["x-request-id"] = head.request_id
+        raw = await read_body(request.receive, head, gateway.framing)
+    except ClientDisconnected:
+        raise
+    except GuardError as err:
+        headers.update(err.headers)
+        result: dict[str, Any] = {
+            "allowed": False,
+            "status": err.status,
+            "code": err.code,
+            "message": err.message,
+            "param": err.param,
+            "costs": {},
+            "mutations": [],
+            "durations_ms": {"framing": round((time.perf_counter() - start) * 1000, 4)},
+            "checks": [{"name": "framing", "outcome": err.code}],
+        }
+        return JSONResponse(result, headers=headers)
+    if path not in policy.allowed_routes:
+        route_err = NotFound("route_not_allowed", f"{path[:200]} is not proxied by this guard")
+        return JSONResponse(route_err.to_body(), status_code=404, headers=headers)
+    verdict = evaluate_body(raw, path, pairs, policy)
+    result = verdict.to_dict()
+    result["checks"] = [{"name": n, "outcome": o} for n, o in check_outcomes(verdict)]
+    return JSONResponse(result, headers=headers)
+
+
+class _GuardApp(FastAPI):
+    """FastAPI for the guard's own routes; proxied paths go straight to the gateway, which
+    handles every error itself, without FastAPI's middleware stack (it is the hot path)."""
+
+    gateway: Gateway | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway = self.gateway
+        if gateway is not None and scope["type"] == "http" and scope["path"] not in GUARD_PATHS:
+            await gateway(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+class _Dispatch:
+    """Counts and logs the guard's own routes (the gateway does its own)."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+        self.metrics = gateway.metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path not in GUARD_PATHS:  # only if called without _GuardApp in front
+            await self.gateway(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            duration = time.perf_counter() - start
+            self.metrics.request_done(path, status[0], duration)
+            if path not in _PROBES:
+                self.gateway.access_log.emit(
+                    {
+                        "method": scope["method"],
+                        "route": path,
+                        "status": status[0],
+                        "duration_ms": round(duration * 1000, 3),
+                    }
+                )
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def guard_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, GuardError)
+        if isinstance(exc, ClientDisconnected):
+            return Response(status_code=499)
+        return _error_response(exc)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        err = GuardError(
+            code, str(exc.detail), status=exc.status_code, headers=dict(exc.headers or {})
+        )
+        return _error_response(err)
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        err = GuardError("invalid_request", f"invalid {loc or 'request'}: {first.get('msg', '')}")
+        return _error_response(err)
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return _error_response(InternalError())
+
+    app.add_exception_handler(GuardError, guard_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, internal_error)
+
+
+def _error_response(err: GuardError) -> JSONResponse:
+    headers = {"x-request-id": os.urandom(16).hex(), **err.headers}
+    return JSONResponse(err.to_body(), status_code=err.status, headers=headers)
+
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string"},
+            },
+        }
+    },
+}
+
+
+def _check_schema(policy: Policy) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
+        "parameters": [
+            {
+                "name": "path",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string", "enum": sorted(policy.allowed_routes)},
+            }
+        ],
+    }
+
+
+def _openapi_with_proxied_routes(app: FastAPI, policy: Policy) -> Callable[[], dict[str, Any]]:
+    """The schema of the guard's own routes plus the proxied ones (served by the gateway)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        errors = {
+            "description": "An OpenAI error body with a stable code",
+            "content": {"application/json": {"schema": _ERROR_SCHEMA}},
+        }
+        paths = schema.setdefault("paths", {})
+        for route in sorted(policy.allowed_routes):
+            if route == "/v1/models":
+                paths[route] = {
+                    "get": {
+                        "summary": "Proxied to the upstream",
+                        "responses": {
+                            "200": {"description": "The upstream's answer"},
+                            "default": errors,
+                        },
+                    }
+                }
+                continue
+            paths[route] = {
+                "post": {
+                    "summary": "Checked, then proxied to the upstream",
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    "responses": {
+                        "200": {"description": "The upstream's answer (JSON or SSE)"},
+                        "default": errors,
+                    },
+                }
+            }
+        app.openapi_schema = schema
+        return schema
+
+    return openapi

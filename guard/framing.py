@@ -1,0 +1,370 @@
+"""HTTP framing limits, enforced at the ASGI level before anything else looks at a request.
+
+``inspect_head(headers, limits)`` walks the raw header list once: it caps the number of headers
+and their total size (431) and picks out what the guard needs (``content-length``,
+``content-encoding``, ``authorization``, ``x-request-id``). ``read_body(receive, head, limits)``
+then reads the body straight from the ASGI ``receive`` channel rather than letting Starlette
+buffer it:
+
+- a declared ``Content-Length`` above the cap is refused before one byte is read, and a chunked
+  (or lying) body is refused as soon as the bytes received cross the cap: ``body_too_large``
+  (413) either way, so no body bigger than the cap is ever held;
+- the whole body must arrive within ``body_timeout_s`` (a slow-loris sender gets 408
+  ``body_timeout``);
+- ``Content-Encoding`` is refused (415 ``unsupported_content_encoding``) or, when the policy
+  allows it, ``gzip``/``deflate`` are inflated as they arrive, in bounded steps, under an output
+  cap (``decompressed_body_too_large``) and a ratio cap (``compression_ratio_exceeded``), so a
+  compression bomb costs at most the cap. Stacked encodings (``gzip, gzip``) are always refused.
+
+A refusal mid-body first reads and discards up to ``linger_bytes`` more (nothing is kept), so a
+client that writes its whole body before reading its answer still gets the 413 rather than a
+reset; a refusal that leaves more unread carries ``connection: close``, so the server drops the
+connection instead of draining an attacker-sized body to reach the next request.
+
+uvicorn's httptools parser has no header-size limit of its own (h11 has 16 KiB by default), so
+the caps here are the ones a client meets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from starlette.types import Receive
+
+from guard.errors import GuardError, LimitExceeded
+
+__all__ = [
+    "ClientDisconnected",
+    "FramingLimits",
+    "RequestHead",
+    "inspect_head",
+    "read_body",
+]
+
+EncodingPolicy = Literal["refuse", "inflate"]
+
+_CLOSE = {"connection": "close"}
+# zlib window bits: gzip container, zlib container (HTTP's "deflate").
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# Inflate in steps of at most this much output, so one small input chunk cannot expand at once.
+_INFLATE_STEP = 64 << 10
+# Request ids longer than this (or not printable ASCII) are replaced, not echoed.
+MAX_REQUEST_ID_BYTES = 128
+
+
+@dataclass(frozen=True)
+class FramingLimits:
+    """Limits on the HTTP framing of one request.
+
+    - ``max_body_bytes``: bytes on the wire (compressed, if encoded).
+    - ``max_headers`` / ``max_header_bytes``: number of header lines and their total size
+      (names + values + 4 bytes of separators each).
+    - ``body_timeout_s``: the whole body must arrive within this time of the first read.
+    - ``content_encoding``: ``"refuse"`` any encoding but ``identity``, or ``"inflate"`` gzip and
+      deflate under ``max_inflated_bytes`` and ``max_inflate_ratio`` (inflated / compressed,
+      checked once the output exceeds ``ratio_floor_bytes``, so small bodies of repetitive JSON
+      still pass).
+    - ``linger_bytes``: after a refusal, this much more body is read and discarded so that a
+      client that writes its whole body before reading still gets the answer (nginx's
+      lingering close); beyond it the connection is closed unread.
+    """
+
+    max_body_bytes: int = 1 << 20
+    max_headers: int = 64
+    max_header_bytes: int = 16 << 10
+    body_timeout_s: float = 10.0
+    content_encoding: EncodingPolicy = "refuse"
+    max_inflated_bytes: int = 1 << 20
+    max_inflate_ratio: float = 100.0
+    ratio_floor_bytes: int = 64 << 10
+    linger_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_headers", "max_header_bytes", "max_inflated_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"FramingLimits.{name} must be > 0")
+        if not self.body_timeout_s > 0:
+            raise ValueError("FramingLimits.body_timeout_s must be > 0")
+        if not self.max_inflate_ratio >= 1:
+            raise ValueError("FramingLimits.max_inflate_ratio must be >= 1")
+        if self.content_encoding not in ("refuse", "inflate"):
+            raise ValueError("FramingLimits.content_encoding must be 'refuse' or 'inflate'")
+
+
+@dataclass(frozen=True)
+class RequestHead:
+    """What the guard reads from the request headers (one pass, see :func:`inspect_head`)."""
+
+    content_length: int | None
+    content_encoding: str | None  # lower-cased; None for absent or identity
+    authorization: str | None
+    request_id: str | None  # the client's x-request-id if usable, else None
+    content_type: str | None
+    header_count: int
+    header_bytes: int
+    chunked: bool = False  # Transfer-Encoding: chunked (a body of unknown length follows)
+
+    @property
+    def has_body(self) -> bool:
+        return bool(self.content_length) or self.chunked
+
+
+class ClientDisconnected(GuardError):
+    """The client went away while we were reading; never sent (nobody is listening)."""
+
+    status = 499
+
+    def __init__(self) -> None:
+        super().__init__("client_disconnected", "the client disconnected")
+
+
+def _too_large(code: str, message: str) -> LimitExceeded:
+    return LimitExceeded(code, message, status=413)
+
+
+def inspect_head(headers: Iterable[tuple[bytes, bytes]], limits: FramingLimits) -> RequestHead:
+    """Count and size the headers (431 when over a cap) and extract the ones the guard uses."""
+    count = 0
+    size = 0
+    content_length: int | None = None
+    encoding: str | None = None
+    authorization: str | None = None
+    request_id: str | None = None
+    content_type: str | None = None
+    chunked = False
+    for name, value in headers:
+        count += 1
+        size += len(name) + len(value) + 4
+        if count > limits.max_headers:
+            raise LimitExceeded(
+                "too_many_headers",
+                f"the request has more than {limits.max_headers} headers",
+                status=431,
+                headers=_CLOSE,
+            )
+        if size > limits.max_header_bytes:
+            raise LimitExceeded(
+                "headers_too_large",
+                f"the request headers exceed {limits.max_header_bytes} bytes",
+                status=431,
+                headers=_CLOSE,
+            )
+        # ASGI servers lower-case header names.
+        if name == b"content-length":
+            content_length = _content_length(value, content_length)
+        elif name == b"content-encoding":
+            encoding = _merge_encoding(encoding, value)
+        elif name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"x-request-id":
+            request_id = _usable_request_id(value)
+        elif name == b"content-type":
+            content_type = value.decode("latin-1")
+        elif name == b"transfer-encoding":
+            chunked = chunked or b"chunked" in value.lower()
+    if encoding == "identity":
+        encoding = None
+    return RequestHead(
+        content_length, encoding, authorization, request_id, content_type, count, size, chunked
+    )
+
+
+def _content_length(value: bytes, previous: int | None) -> int:
+    text = value.strip()
+    # At most 19 digits: int() of a megabyte of digits is quadratic in CPython.
+    if not text.isdigit() or len(text) > 19:
+        raise GuardError("invalid_content_length", "Content-Length is not a decimal number")
+    length = int(text)
+    if previous is not None and previous != length:
+        raise GuardError("invalid_content_length", "conflicting Content-Length headers")
+    return length
+
+
+def _merge_encoding(previous: str | None, value: bytes) -> str:
+    text = value.decode("latin-1").strip().lower()
+    if previous is not None and previous != "identity":
+        text = f"{previous}, {text}"
+    return text
+
+
+def _usable_request_id(value: bytes) -> str | None:
+    # Echoed in responses and logs: only short printable ASCII without spaces.
+    if not 0 < len(value) <= MAX_REQUEST_ID_BYTES:
+        return None
+    if not all(0x21 <= b <= 0x7E for b in value):
+        return None
+    return value.decode("ascii")
+
+
+class _Inflater:
+    """Streaming gzip/deflate decoder bounded in output size and ratio."""
+
+    def __init__(self, encoding: str, limits: FramingLimits) -> None:
+        self._d = zlib.decompressobj(_WBITS[encoding])
+        self._limits = limits
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._in_bytes = 0
+
+    def feed(self, data: bytes) -> None:
+        self._in_bytes += len(data)
+        try:
+            while data:
+                if self._d.eof:
+                    # A second gzip member or trailing garbage: refused (not worth the ambiguity).
+                    raise _bad_encoding("data after the end of the compressed body")
+                room = self._limits.max_inflated_bytes - self._out_bytes + 1
+                chunk = self._d.decompress(data, min(room, _INFLATE_STEP))
+                self._take(chunk)
+                data = self._d.unconsumed_tail
+        except zlib.error as exc:
+            raise _bad_encoding(f"the compressed body is invalid ({exc})") from None
+
+    def finish(self) -> bytes:
+        try:
+            self._take(self._d.flush(_INFLATE_STEP))
+        except zlib.error as exc:
+            raise _bad_encoding(f"the compressed body is invalid ({exc})") from None
+        if not self._d.eof:
+            raise _bad_encoding("the compressed body is truncated")
+        return b"".join(self._out)
+
+    def _take(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        self._out_bytes += len(chunk)
+        limits = self._limits
+        if self._out_bytes > limits.max_inflated_bytes:
+            raise _too_large(
+                "decompressed_body_too_large",
+                f"the decompressed body exceeds {limits.max_inflated_bytes} bytes",
+            )
+        if (
+            self._out_bytes > limits.ratio_floor_bytes
+            and self._out_bytes > limits.max_inflate_ratio * max(self._in_bytes, 1)
+        ):
+            raise _too_large(
+                "compression_ratio_exceeded",
+                f"the body inflates more than {limits.max_inflate_ratio:g} times",
+            )
+        self._out.append(chunk)
+
+
+def _bad_encoding(message: str) -> GuardError:
+    return GuardError("invalid_content_encoding", message)
+
+
+def _check_encoding(encoding: str | None, limits: FramingLimits) -> str | None:
+    if encoding is None:
+        return None
+    if limits.content_encoding == "inflate" and encoding in _WBITS:
+        return encoding
+    allowed = "gzip or deflate" if limits.content_encoding == "inflate" else "none"
+    raise GuardError(
+        "unsupported_content_encoding",
+        f"Content-Encoding {encoding[:40]!r} is not accepted (allowed: {allowed})",
+        status=415,
+    )
+
+
+async def read_body(
+    receive: Receive,
+    head: RequestHead,
+    limits: FramingLimits,
+) -> bytes:
+    """Read the whole request body from ``receive`` under ``limits``; return it decoded.
+
+    Raises :class:`GuardError` (413, 408, 415, 400) or :class:`ClientDisconnected`. After a
+    refusal, up to ``limits.linger_bytes`` more of the body are read and discarded (within the
+    same deadline) so that a client that sends its whole body before reading sees the answer;
+    a body bigger than that is left unread and the refusal carries ``connection: close``.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.body_timeout_s
+    progress = _Progress()
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await _read(receive, head, limits, progress)
+    except TimeoutError:
+        raise GuardError(
+            "body_timeout",
+            f"the request body did not arrive within {limits.body_timeout_s:g} s",
+            status=408,
+            headers=_CLOSE,
+        ) from None
+    except ClientDisconnected:
+        raise
+    except GuardError as err:
+        drained = progress.ended
+        if not drained:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    drained = await _drain(receive, head, limits, progress)
+            except (TimeoutError, ClientDisconnected):
+                drained = False
+        if not drained:
+            err.headers = {**err.headers, **_CLOSE}
+        raise
+
+
+class _Progress:
+    __slots__ = ("ended", "received")
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.ended = False
+
+
+async def _read(
+    receive: Receive, head: RequestHead, limits: FramingLimits, progress: _Progress
+) -> bytes:
+    encoding = _check_encoding(head.content_encoding, limits)
+    cap = limits.max_body_bytes
+    if head.content_length is not None and head.content_length > cap:
+        raise _too_large("body_too_large", f"the request body exceeds {cap} bytes")
+    inflater = _Inflater(encoding, limits) if encoding is not None else None
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.disconnect":
+            raise ClientDisconnected()
+        if kind != "http.request":
+            continue
+        chunk: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        progress.ended = not more
+        if chunk:
+            progress.received += len(chunk)
+            if progress.received > cap:
+                raise _too_large("body_too_large", f"the request body exceeds {cap} bytes")
+            if inflater is not None:
+                inflater.feed(chunk)
+            else:
+                parts.append(chunk)
+        if not more:
+            break
+    if inflater is not None:
+        return inflater.finish()
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _drain(
+    receive: Receive, head: RequestHead, limits: FramingLimits, progress: _Progress
+) -> bool:
+    """Read and discard the rest of the body if it ends within the linger budget."""
+    budget = limits.max_body_bytes + limits.linger_bytes
+    if head.content_length is not None and head.content_length > budget:
+        return False
+    while progress.received <= budget:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return False
+        progress.received += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return progress.received <= budget
+    return False

@@ -1,0 +1,86 @@
+"""Run the guard with uvicorn (uvloop, httptools), in one process or several workers.
+
+Workers are separate processes that each build their app from the environment
+(:func:`app_from_env`): ``SCHEDGUARD_POLICY`` names the policy file and the usual
+``SCHEDGUARD_<SECTION>__<FIELD>`` variables override it (``schedguard serve`` sets
+``SCHEDGUARD_UPSTREAM__URL`` and ``SCHEDGUARD_RATE__REDIS_URL`` from its flags). Each worker has
+its own connection pool, metrics and, without Redis, its own rate-limit buckets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+import uvicorn
+from fastapi import FastAPI
+
+from guard._http_protocol import configure as configure_head_limit
+from guard.access_log import AccessLog
+from guard.app import create_app
+from guard.policy import Policy, load_policy
+
+__all__ = ["POLICY_ENV", "app_from_env", "run", "uvicorn_config"]
+
+POLICY_ENV = "SCHEDGUARD_POLICY"  # not a policy override: no "__" and not a section name
+
+_log = logging.getLogger("schedguard.guard")
+
+
+def app_from_env(env: Mapping[str, str] | None = None) -> FastAPI:
+    """The app of one worker: the policy from ``SCHEDGUARD_POLICY`` and ``SCHEDGUARD_*``."""
+    env = os.environ if env is None else env
+    policy = load_policy(env.get(POLICY_ENV) or None, env)
+    configure_head_limit(policy.limits.body.max_header_bytes)
+    return create_app(
+        policy, access_log=AccessLog(policy.observability.access_log, stream=sys.stderr)
+    )
+
+
+def uvicorn_config(
+    *, host: str, port: int, workers: int = 1, log_level: str = "info"
+) -> dict[str, object]:
+    """uvicorn's settings for the guard (also used by the benchmarks)."""
+    return {
+        "host": host,
+        "port": port,
+        "workers": workers,
+        "factory": True,
+        "loop": "uvloop",
+        # httptools with a cap on the request head (httptools has none of its own).
+        "http": "guard._http_protocol:GuardHttpToolsProtocol",
+        "lifespan": "on",
+        "log_level": log_level,
+        "access_log": False,  # the guard writes its own, structured
+        "timeout_keep_alive": 5,
+        # Streams in flight get this long to finish on shutdown, then are cut.
+        "timeout_graceful_shutdown": 10,
+        "server_header": False,
+    }
+
+
+def run(
+    policy: Policy,
+    *,
+    host: str,
+    port: int,
+    workers: int = 1,
+    log_level: str = "info",
+) -> None:
+    """Serve until SIGINT/SIGTERM. ``policy`` was validated by the caller and describes what the
+    workers will load from the environment (used here only for warnings)."""
+    if workers > 1 and policy.rate.redis_url is None:
+        _log.warning(
+            "%d workers without --redis: each worker keeps its own rate-limit buckets, so a "
+            "tenant may get up to %d times its configured rate",
+            workers,
+            workers,
+        )
+    uvicorn.run(
+        "guard.server:app_from_env",
+        **uvicorn_config(  # type: ignore[arg-type]
+            host=host, port=port, workers=workers, log_level=log_level
+        ),
+    )

@@ -1,0 +1,217 @@
+"""Faults on either side of the guard: the right status within the timeout, nothing left running.
+
+Upstream: refusing connections, hanging (before and during a stream), resetting (before and
+during a stream). Client: disconnecting mid-stream or while waiting, reading too slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from guard.app import create_app
+from guard.policy import policy_from_yaml
+from tests._guard_harness import FakeUpstream, fake_upstream, free_port, serve
+
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hello"}]}
+STREAM = {**CHAT, "stream": True}
+FAST = "upstream: {read_timeout_s: 0.3, connect_timeout_s: 1.0}"
+
+
+@contextlib.asynccontextmanager
+async def guard(
+    policy_yaml: str = FAST, upstream_url: str | None = None, **kwargs: Any
+) -> AsyncIterator[tuple[str, FakeUpstream, Any]]:
+    async with fake_upstream() as fake:
+        app = create_app(
+            policy_from_yaml(policy_yaml), upstream_url=upstream_url or fake.url, **kwargs
+        )
+        async with serve(app) as url:
+            yield url, fake, app
+            await settled(app)
+
+
+async def settled(app: Any, timeout: float = 3.0) -> None:
+    """Nothing of any request is left in the guard: no request, slot or reservation."""
+    gateway = app.state.gateway
+    deadline = time.monotonic() + timeout
+    while gateway.concurrency.in_flight or app.state.metrics.in_flight._value.get():
+        assert time.monotonic() < deadline, "requests still in flight"
+        await asyncio.sleep(0.01)  # waiting for the guard's cleanup, not timing a test
+    assert gateway.concurrency.waiting == 0
+
+
+async def wait_for_cancel(fake: FakeUpstream, timeout: float = 3.0) -> float:
+    start = time.monotonic()
+    while not fake.cancelled:
+        assert time.monotonic() - start < timeout, "the upstream request was not cancelled"
+        await asyncio.sleep(0.01)  # waiting for the fake upstream to notice the abort
+    return time.monotonic() - start
+
+
+def code_of(resp: httpx.Response) -> str:
+    return str(resp.json()["error"]["code"])
+
+
+def sse(text: str) -> list[Any]:
+    return [
+        b[6:] if b[6:] == "[DONE]" else json.loads(b[6:])
+        for b in text.split("\n\n")
+        if b.startswith("data: ")
+    ]
+
+
+# ------------------------------------------------------------------------------ upstream
+
+
+async def test_upstream_refusing_connections_is_502() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with guard(upstream_url=dead) as (url, _, app), httpx.AsyncClient(base_url=url) as c:
+        resp = await c.post("/v1/chat/completions", json=CHAT)
+        assert resp.status_code == 502 and code_of(resp) == "upstream_unavailable"
+        assert resp.json()["error"]["type"] == "server_error" and resp.headers["x-request-id"]
+        resp = await c.get("/v1/models")
+        assert resp.status_code == 502
+        text = app.state.metrics.render().decode()
+        assert 'schedguard_guard_rejections_total{code="upstream_unavailable"} 2.0' in text
+
+
+async def test_upstream_hanging_is_504_within_the_timeout() -> None:
+    async with guard() as (url, fake, _), httpx.AsyncClient(base_url=url) as c:
+        start = time.monotonic()
+        resp = await c.post("/v1/chat/completions", json=CHAT, headers={"x-fake": "hang"})
+        elapsed = time.monotonic() - start
+        assert resp.status_code == 504 and code_of(resp) == "upstream_timeout"
+        assert 0.25 < elapsed < 2.0
+        await wait_for_cancel(fake)  # the guard dropped the upstream request
+
+
+async def test_upstream_reset_is_502() -> None:
+    async with guard() as (url, _, _app), httpx.AsyncClient(base_url=url) as c:
+        resp = await c.post("/v1/chat/completions", json=CHAT, headers={"x-fake": "reset"})
+        assert resp.status_code == 502 and code_of(resp) == "upstream_error"
+        # The pool recovers: the next request works.
+        assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+
+async def test_upstream_reset_mid_stream_ends_the_stream_with_an_error_event() -> None:
+    async with guard() as (url, _, _app), httpx.AsyncClient(base_url=url) as c:
+        resp = await c.post(
+            "/v1/chat/completions", json=STREAM, headers={"x-fake": "reset-mid-stream"}
+        )
+        assert resp.status_code == 200
+        events = sse(resp.text)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_error"
+        assert events[0]["choices"][0]["delta"]["content"] == "tok "
+
+
+async def test_upstream_silent_mid_stream_is_cut_at_the_read_timeout() -> None:
+    async with guard() as (url, fake, _), httpx.AsyncClient(base_url=url) as c:
+        start = time.monotonic()
+        resp = await c.post(
+            "/v1/chat/completions",
+            json=STREAM,
+            headers={"x-fake": "endless", "x-fake-interval": "30"},
+        )
+        assert time.monotonic() - start < 2.0
+        events = sse(resp.text)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_timeout"
+        await wait_for_cancel(fake)
+
+
+async def test_total_timeout_cuts_a_stream_that_keeps_going() -> None:
+    policy = "upstream: {read_timeout_s: 5, total_timeout_s: 0.5}"
+    async with guard(policy) as (url, fake, _), httpx.AsyncClient(base_url=url) as c:
+        resp = await c.post(
+            "/v1/chat/completions",
+            json={**STREAM, "max_tokens": 2000},
+            headers={"x-fake": "endless", "x-fake-interval": "0.05"},
+        )
+        events = sse(resp.text)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_timeout"
+        await wait_for_cancel(fake)
+
+
+# -------------------------------------------------------------------------------- client
+
+
+async def test_client_disconnecting_mid_stream_cancels_the_upstream_request() -> None:
+    async with guard() as (url, fake, app):
+        async with (
+            httpx.AsyncClient(base_url=url) as c,
+            c.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={**STREAM, "max_tokens": 2000},
+                headers={"x-fake": "endless", "x-fake-interval": "0.02"},
+            ) as resp,
+        ):
+            assert resp.status_code == 200
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    break
+            # Leaving the block closes the connection mid-stream.
+        assert await wait_for_cancel(fake) < 2.0
+        await settled(app)
+        text = app.state.metrics.render().decode()
+        assert 'schedguard_guard_upstream_aborts_total{reason="client_gone"} 1.0' in text
+
+
+async def test_client_disconnecting_while_waiting_cancels_the_upstream_request() -> None:
+    policy = "upstream: {read_timeout_s: 30}"
+    async with guard(policy) as (url, fake, app), httpx.AsyncClient(base_url=url) as c:
+        task = asyncio.create_task(
+            c.post("/v1/chat/completions", json=CHAT, headers={"x-fake": "hang"})
+        )
+        while not fake.received:
+            await asyncio.sleep(0.01)  # waiting for the request to reach the upstream
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert await wait_for_cancel(fake) < 2.0
+        await settled(app)
+
+
+async def test_slow_client_is_cut_and_the_upstream_request_cancelled() -> None:
+    async with guard("upstream: {read_timeout_s: 30}", client_timeout_s=0.3) as (url, fake, app):
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, (host, int(port)))
+        body = json.dumps({**STREAM, "max_tokens": 2000}).encode()
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"x-fake: endless\r\nx-fake-pad: 65536\r\ncontent-length: {len(body)}\r\n\r\n"
+        ).encode()
+        try:
+            await loop.sock_sendall(sock, head + body)
+            # Never read: the guard's writes back up and it gives up after client_timeout_s.
+            assert await wait_for_cancel(fake, timeout=5.0) < 5.0
+            await settled(app)
+        finally:
+            sock.close()
+        text = app.state.metrics.render().decode()
+        assert 'schedguard_guard_upstream_aborts_total{reason="client_too_slow"} 1.0' in text
+
+
+@pytest.mark.parametrize("mode", ["hang", "reset", "reset-mid-stream"])
+async def test_faults_leave_the_guard_serving(mode: str) -> None:
+    async with guard() as (url, _, app), httpx.AsyncClient(base_url=url) as c:
+        await asyncio.gather(
+            *(
+                c.post("/v1/chat/completions", json=STREAM, headers={"x-fake": mode})
+                for _ in range(8)
+            )
+        )
+        await settled(app)
+        assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
