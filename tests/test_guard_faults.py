@@ -90,7 +90,7 @@ async def test_upstream_hanging_is_504_within_the_timeout() -> None:
         resp = await c.post("/v1/chat/completions", json=CHAT, headers={"x-fake": "hang"})
         elapsed = time.monotonic() - start
         assert resp.status_code == 504 and code_of(resp) == "upstream_timeout"
-        assert 0.25 < elapsed < 2.0
+        assert 0.25 < elapsed < 5.0  # the 504 comes from the read timeout, not a hang
         await wait_for_cancel(fake)  # the guard dropped the upstream request
 
 

