@@ -4,7 +4,9 @@ httptools has no limit of its own on the request head: a client can stream megab
 header (or of the URL) and the server accumulates them before the app sees anything (vLLM
 GHSA-rxc4-3w6r-4v47 is an 8 MB header). This protocol counts the bytes received while a head is
 being parsed and, past ``max_head_bytes``, answers 431 ``headers_too_large`` (an OpenAI error
-body) and closes the connection. The app still checks the policy's exact header count and size
+body) and closes the connection. It counts the head's lines too, so that thousands of small
+headers get 431 ``too_many_headers`` (the limit they cross first) rather than the byte cap's
+code. The app still checks the policy's exact header count and size
 (:func:`guard.framing.inspect_head`); this is the backstop in front of it, set from the policy
 by :func:`configure` with room for the request line.
 
@@ -26,24 +28,29 @@ __all__ = ["GuardHttpToolsProtocol", "configure"]
 URL_ALLOWANCE = 8192 + 256
 
 
-def configure(max_header_bytes: int) -> None:
-    """Set the cap for every connection of this process (each uvicorn worker calls it)."""
+def configure(max_header_bytes: int, max_header_count: int | None = None) -> None:
+    """Set the caps for every connection of this process (each uvicorn worker calls it)."""
     GuardHttpToolsProtocol.max_head_bytes = max_header_bytes + URL_ALLOWANCE
+    if max_header_count is not None:
+        GuardHttpToolsProtocol.max_headers = max_header_count
 
 
 class GuardHttpToolsProtocol(HttpToolsProtocol):
     max_head_bytes: ClassVar[int] = 16384 + URL_ALLOWANCE
+    max_headers: ClassVar[int] = 100
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_bytes = 0
+        self._head_lines = 0
         self._tail = b""
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._in_head = True  # whatever comes next on this connection is a new head
         self._head_bytes = 0
+        self._head_lines = 0
         self._tail = b""
 
     def on_headers_complete(self) -> None:
@@ -58,20 +65,26 @@ class GuardHttpToolsProtocol(HttpToolsProtocol):
             end = window.find(b"\r\n\r\n")
             head_part = len(data) if end < 0 else max(0, end + 4 - len(self._tail))
             self._head_bytes += head_part
+            self._head_lines += data.count(b"\n", 0, head_part)
             self._tail = window[-3:]
+            # A head of N headers has N + 2 line ends (the request line's, the blank line's).
+            if self._head_lines > self.max_headers + 2:
+                self._refuse_head(
+                    "too_many_headers", f"the request has more than {self.max_headers} headers"
+                )
+                return
             if self._head_bytes > self.max_head_bytes:
-                self._refuse_head()
+                self._refuse_head(
+                    "headers_too_large",
+                    f"the request line and headers exceed {self.max_head_bytes} bytes",
+                )
                 return
         super().data_received(data)
 
-    def _refuse_head(self) -> None:
+    def _refuse_head(self, code: str, message: str) -> None:
         if self.transport.is_closing():
             return
-        err = GuardError(
-            "headers_too_large",
-            f"the request line and headers exceed {self.max_head_bytes} bytes",
-            status=431,
-        )
+        err = GuardError(code, message, status=431)
         body = json.dumps(err.to_body(), separators=(",", ":")).encode()
         head = (
             "HTTP/1.1 431 Request Header Fields Too Large\r\n"

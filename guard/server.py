@@ -33,7 +33,8 @@ def app_from_env(env: Mapping[str, str] | None = None) -> FastAPI:
     """The app of one worker: the policy from ``SCHEDGUARD_POLICY`` and ``SCHEDGUARD_*``."""
     env = os.environ if env is None else env
     policy = load_policy(env.get(POLICY_ENV) or None, env)
-    configure_head_limit(policy.limits.body.max_header_bytes)
+    body = policy.limits.body
+    configure_head_limit(body.max_header_bytes, body.max_header_count)
     return create_app(
         policy, access_log=AccessLog(policy.observability.access_log, stream=sys.stderr)
     )

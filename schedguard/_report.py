@@ -52,11 +52,23 @@ def render_rows(rows: Sequence[Row], config: DemoConfig) -> str:
         )
         for r in rows
     ]
-    return _table(header, body)
+    notes = [
+        f"  {r.target} ({r.profile}), {r.payload}: "
+        + ", ".join(
+            f"{name} {mb:.0f} MB (+{r.server_rss_growth_mb.get(name, 0.0):.1f})"
+            for name, mb in r.server_peak_rss_mb.items()
+        )
+        for r in rows
+        if len(r.server_peak_rss_mb) > 1
+    ]
+    if not notes:
+        return _table(header, body)
+    return "\n".join([_table(header, body), "", "peak RSS per server (growth):", *notes])
 
 
 def render_comparison(rows: Sequence[Row], config: DemoConfig) -> str:
-    """The seed write-up's before/after beside this run's vulnerable/hardened seed rows."""
+    """The seed write-up's before/after beside this run's vulnerable/hardened seed rows, and the
+    guard's row when it ran."""
 
     def ours(profile: str) -> Row | None:
         return next(
@@ -66,6 +78,7 @@ def render_comparison(rows: Sequence[Row], config: DemoConfig) -> str:
         )  # fmt: skip
 
     before, after = ours("vulnerable"), ours("hardened")
+    guarded = next((r for r in rows if r.payload == "seed" and r.target == "guard"), None)
     body = [("before patch", *SEED_BEFORE, "vulnerable", *_ours_cells(before, config))]
     ratio = ""
     if after is not None and after.outcome == "rejected" and after.latency_ms > 0:
@@ -77,6 +90,11 @@ def render_comparison(rows: Sequence[Row], config: DemoConfig) -> str:
         ("after patch", f"{SEED_AFTER_MS:.0f} ms", f"{SEED_AFTER_MB:.0f} MB", "hardened",
          *_ours_cells(after, config))
     )  # fmt: skip
+    if guarded is not None:
+        body.append(
+            ("guard in front", "-", "-", f"guard + {guarded.profile}",
+             *_ours_cells(guarded, config))
+        )  # fmt: skip
     header = ("seed payload", "write-up", "peak", "this run", "outcome", "latency", "peak RSS")
     return _table(header, body) + ("\n" + ratio.strip() if ratio else "")
 

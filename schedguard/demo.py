@@ -2,7 +2,8 @@
 
 Each target is one or more servers started as child processes under ``RLIMIT_AS``; each request
 runs under a hard wall clock (the servers are stopped when it expires). Targets and payloads are
-data: the guard issue adds ``Target("guard", "vulnerable", (upstream, guard), entry="guard")``.
+data: the last target is the guard (``schedguard serve``) in front of the vulnerable profile, each
+a capped child process, requests sent to the guard.
 """
 
 from __future__ import annotations
@@ -86,9 +87,23 @@ def ref_server(profile: str, name: str = "scheduler_ref") -> ServerSpec:
     return ServerSpec(name, argv)
 
 
+def guard_server(upstream: str = "scheduler_ref", name: str = "guard") -> ServerSpec:
+    """``schedguard serve`` (default policy) in front of server ``upstream``; ready once the
+    upstream answers through it (``/readyz``)."""
+
+    def argv(ports: Mapping[str, int], host: str) -> list[str]:
+        return schedguard_argv(
+            "serve", "--upstream", f"http://{host}:{ports[upstream]}", "--host", host,
+            "--port", str(ports[name]), "--log-level", "warning",
+        )  # fmt: skip
+
+    return ServerSpec(name, argv, health_path="/readyz")
+
+
 TARGETS: tuple[Target, ...] = (
     Target("scheduler_ref", "vulnerable", (ref_server("vulnerable"),)),
     Target("scheduler_ref", "hardened", (ref_server("hardened"),)),
+    Target("guard", "vulnerable", (ref_server("vulnerable"), guard_server()), entry="guard"),
 )
 
 
@@ -114,6 +129,7 @@ class Row:
     rss_growth_mb: float  # that peak minus their RSS just before the request
     detail: str = ""
     server_peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    server_rss_growth_mb: dict[str, float] = field(default_factory=dict)  # per server
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -253,6 +269,9 @@ def _send(dep: _Deployment, payload: Payload, config: DemoConfig) -> Row:
         rss_growth_mb=round(max(0, peak_total - base_total) / MiB, 1),
         detail=detail,
         server_peak_rss_mb={k: round(v / MiB, 1) for k, v in peaks.items()},
+        server_rss_growth_mb={
+            k: round(max(0, v - baselines.get(k, 0)) / MiB, 1) for k, v in peaks.items()
+        },
     )
 
 

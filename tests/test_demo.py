@@ -68,7 +68,14 @@ def test_seed_payload_is_the_write_ups() -> None:
     assert [(t.name, t.profile) for t in TARGETS] == [
         ("scheduler_ref", "vulnerable"),
         ("scheduler_ref", "hardened"),
+        ("guard", "vulnerable"),
     ]
+    guard = TARGETS[-1]
+    assert [s.name for s in guard.servers] == ["scheduler_ref", "guard"]
+    assert guard.entry_name == "guard" and guard.servers[-1].health_path == "/readyz"
+    argv = guard.servers[-1].argv({"scheduler_ref": 9001, "guard": 9002}, "127.0.0.1")
+    assert argv[argv.index("serve") :][:3] == ["serve", "--upstream", "http://127.0.0.1:9001"]
+    assert "--port" in argv and argv[argv.index("--port") + 1] == "9002"
 
 
 def test_machinery_on_fake_servers(tmp_path: Path) -> None:
@@ -140,6 +147,19 @@ def test_comparison_names_the_seed_numbers() -> None:
     text = render_comparison(rows, config)
     assert "127 ms" in text and "312 MB" in text and "4.2 GB" in text
     assert "98x faster" in text
+    assert "guard in front" not in text
+    guarded = Row("guard", "vulnerable", "seed", "rejected", 400, "template_depth_exceeded",
+                  2.0, 170.0, 0.0)  # fmt: skip
+    assert "guard + vulnerable" in render_comparison([*rows, guarded], config)
+
+
+def test_rows_of_several_servers_show_each_server() -> None:
+    config = DemoConfig()
+    row = Row("guard", "vulnerable", "seed", "rejected", 400, "template_depth_exceeded", 2.0,
+              170.0, 0.2, server_peak_rss_mb={"scheduler_ref": 95.0, "guard": 75.0},
+              server_rss_growth_mb={"scheduler_ref": 0.0, "guard": 0.2})  # fmt: skip
+    table = render_rows([row], config)
+    assert "scheduler_ref 95 MB (+0.0), guard 75 MB (+0.2)" in table
 
 
 @pytest.mark.skipif(not HAS_SERVER, reason="scheduler_ref.server not written yet")
@@ -150,15 +170,24 @@ def test_demo_end_to_end_on_reference_scheduler(tmp_path: Path) -> None:
     elapsed = time.monotonic() - start
     path = tmp_path / "demo.json"
     write_json(rows, path, config)
-    got = {(r["profile"], r["payload"]): r for r in json.loads(path.read_text())["rows"]}
+    got = {
+        (r["target"], r["profile"], r["payload"]): r for r in json.loads(path.read_text())["rows"]
+    }
 
-    hardened_seed = got[("hardened", "seed")]
+    hardened_seed = got[("scheduler_ref", "hardened", "seed")]
     assert 400 <= hardened_seed["status"] < 500, hardened_seed
     assert hardened_seed["code"] == "template_depth_exceeded"
     assert hardened_seed["outcome"] == "rejected"
-    assert got[("hardened", "benign")]["status"] == 200
-    assert got[("vulnerable", "benign")]["status"] == 200
-    assert got[("vulnerable", "seed")]["outcome"] in ("killed", "timeout"), got[
-        ("vulnerable", "seed")
-    ]
+    assert got[("scheduler_ref", "hardened", "benign")]["status"] == 200
+    assert got[("scheduler_ref", "vulnerable", "benign")]["status"] == 200
+    vulnerable_seed = got[("scheduler_ref", "vulnerable", "seed")]
+    assert vulnerable_seed["outcome"] in ("killed", "timeout"), vulnerable_seed
+
+    # The same vulnerable profile behind the guard: the seed never reaches it.
+    guarded_seed = got[("guard", "vulnerable", "seed")]
+    assert (guarded_seed["status"], guarded_seed["code"]) == (400, "template_depth_exceeded")
+    assert got[("guard", "vulnerable", "benign")]["status"] == 200
+    assert set(guarded_seed["server_peak_rss_mb"]) == {"scheduler_ref", "guard"}
+    assert guarded_seed["server_rss_growth_mb"]["scheduler_ref"] < 5, guarded_seed
+    assert guarded_seed["server_peak_rss_mb"]["scheduler_ref"] < 256, guarded_seed
     assert elapsed < 40
