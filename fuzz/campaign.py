@@ -1,0 +1,304 @@
+"""Campaigns (``schedguard fuzz run``) and replays (``schedguard fuzz replay``).
+
+A campaign runs one or more engines on one target for a total duration (``--engine all``
+splits it evenly between the engines available here), shares one deduplicating finding set
+between them, prints a live progress line and writes the reports (:mod:`fuzz.report`). Its
+exit status is 1 when a target whose kind fails CI (hardened, guard) has a finding.
+
+A replay runs saved payload files against a target (the one recorded in the file, or another)
+and says what each does now.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from fuzz.findings import EngineResult, FindingSet, Progress, cause_of, known_causes
+from fuzz.oracle import Oracle, Outcome
+from fuzz.report import CampaignReport, write_reports
+from fuzz.targets import FAILS_CI, get_target
+
+__all__ = [
+    "CampaignOptions",
+    "ProgressLine",
+    "ReplayResult",
+    "default_minimise_s",
+    "engine_names",
+    "replay_file",
+    "replay_paths",
+    "run_campaign",
+]
+
+_SEARCH_ONLY = ("search",)
+# Larger bodies are refused by the guard's framing before any check sees them (max_body_bytes);
+# replaying them against a check or a template engine says nothing.
+MAX_REPLAY_BYTES = 8 << 20
+
+
+@dataclass
+class CampaignOptions:
+    """``save_root``: the corpus root findings are saved under (``<root>/found/<target>/``;
+    default ``payloads/``); ``isolate``: None follows the target (vulnerable targets always
+    run in the worker process)."""
+
+    target: str
+    engine: str = "search"
+    duration_s: float = 60.0
+    jobs: int = 1
+    out_dir: Path | None = None
+    seed: int | None = None
+    save_root: Path | None = None
+    save: bool = True
+    minimise_s: float | None = None
+    isolate: bool | None = None
+    progress: TextIO | None = field(default_factory=lambda: sys.stderr)
+
+
+def default_minimise_s(duration_s: float) -> float:
+    """Minimisation time per finding: a third of the campaign, between 5 and 20 s."""
+    return min(20.0, max(5.0, duration_s / 3))
+
+
+def engine_names(engine: str) -> tuple[list[str], dict[str, str]]:
+    """The engines ``engine`` stands for here, and those skipped with the reason."""
+    try:
+        from fuzz.engines import ENGINE_NAMES, EngineUnavailable, get_engine
+    except ImportError:  # the registry is not there: only the built-in engine
+        if engine in ("all", *_SEARCH_ONLY):
+            return ["search"], {}
+        raise KeyError(f"unknown fuzz engine {engine!r}") from None
+    names = list(ENGINE_NAMES) if engine == "all" else [engine]
+    ok: list[str] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            get_engine(name)
+        except EngineUnavailable as exc:
+            if engine != "all":
+                raise
+            skipped[name] = str(exc)
+            continue
+        ok.append(name)
+    return ok, skipped
+
+
+def _engine_fn(name: str) -> Callable[..., EngineResult]:
+    try:
+        from fuzz.engines import get_engine
+    except ImportError:
+        from fuzz.search import run_search
+
+        return run_search
+    fn: Callable[..., EngineResult] = get_engine(name)
+    return fn
+
+
+class ProgressLine:
+    """The live progress line: rewritten in place on a terminal, one line every 5 s otherwise."""
+
+    def __init__(self, stream: TextIO | None, target: str) -> None:
+        self.stream = stream
+        self.target = target
+        self.tty = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
+        self._last = -1e9
+        self._width = 0
+
+    def __call__(self, p: Progress) -> None:
+        if self.stream is None:
+            return
+        now = time.monotonic()
+        if not self.tty and now - self._last < 5.0:
+            return
+        self._last = now
+        cov = "-" if p.coverage is None else f"{p.coverage:,}"
+        line = (
+            f"[{self.target} {p.engine}] {p.elapsed_s:6.1f}s  execs {p.execs:,} "
+            f"({p.execs_per_s:,.0f}/s)  coverage {cov}  best cost {p.best_cost:,.1f}  "
+            f"findings {p.findings}"
+        )
+        if self.tty:
+            pad = max(0, self._width - len(line))
+            self.stream.write("\r" + line + " " * pad)
+            self._width = len(line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        if self.stream is None:
+            return
+        if self.tty and self._width:
+            self.stream.write("\n")
+            self._width = 0
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.stream is not None and self.tty and self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._width = 0
+
+
+def run_campaign(opts: CampaignOptions) -> CampaignReport:
+    target = get_target(opts.target)
+    names, skipped = engine_names(opts.engine)
+    isolate = target.isolate_by_default if opts.isolate is None else opts.isolate
+    if target.kind == "vulnerable":
+        isolate = True  # never run a vulnerable engine in this process
+    minimise_s = (
+        opts.minimise_s if opts.minimise_s is not None else default_minimise_s(opts.duration_s)
+    )
+    findings = FindingSet(known_causes(target.name, opts.save_root) if opts.save else {})
+    progress = ProgressLine(opts.progress, target.name)
+    for name, why in skipped.items():
+        progress.note(f"engine {name} skipped: {why}")
+    share = opts.duration_s / max(1, len(names))
+    results: list[EngineResult] = []
+    start = time.monotonic()
+
+    def factory() -> Oracle:
+        return Oracle(target.name, isolate=isolate)
+
+    for name in names:
+        # Absolute: engines may run tools from another working directory.
+        engine_out = None if opts.out_dir is None else opts.out_dir.resolve() / f"engine-{name}"
+        t0 = time.monotonic()
+        try:
+            result = _engine_fn(name)(
+                target,
+                factory,
+                duration_s=share,
+                jobs=opts.jobs,
+                out_dir=engine_out,
+                seed=opts.seed,
+                on_progress=progress,
+                findings=findings,
+                save_root=opts.save_root,
+                save=opts.save,
+                minimise_s=minimise_s,
+            )
+        except Exception as exc:  # one engine failing must not lose the others' results
+            progress.note(f"engine {name} failed: {type(exc).__name__}: {exc}")
+            result = EngineResult(
+                execs=0,
+                findings=[],
+                best_cost_over_time=[],
+                coverage=None,
+                time_to_first_finding_s=None,
+                engine=name,
+                duration_s=time.monotonic() - t0,
+                extra={"errors": [f"{type(exc).__name__}: {exc}"]},
+            )
+        for err in result.extra.get("errors") or []:
+            progress.note(f"engine {name}: {err}")
+        if not result.engine:
+            result.engine = name
+        if not result.duration_s:
+            result.duration_s = time.monotonic() - t0
+        results.append(result)
+    progress.done()
+    report = CampaignReport(
+        target=target.name,
+        kind=target.kind,
+        description=str(getattr(target, "description", "")),
+        engine=opts.engine if opts.engine != "all" else "all:" + "+".join(names),
+        duration_s=time.monotonic() - start,
+        budgets=target.budgets.to_dict(),
+        results=results,
+        findings=list(findings.findings),
+        fails_ci=target.kind in FAILS_CI,
+        seed=opts.seed,
+        jobs=opts.jobs,
+        source=str(getattr(target, "source", "")),
+        skipped=skipped,
+    )
+    if opts.out_dir is not None:
+        write_reports(report, opts.out_dir)
+    return report
+
+
+# --------------------------------------------------------------------------------- replay
+
+
+@dataclass
+class ReplayResult:
+    """One payload file replayed: ``outcome`` None when the payload does not apply to the
+    target (``note`` says why); ``reproduced``: the recorded cause (if any) happened again."""
+
+    path: str
+    target: str
+    outcome: Outcome | None
+    recorded_cause: str | None
+    note: str = ""
+
+    @property
+    def is_finding(self) -> bool:
+        return self.outcome is not None and self.outcome.is_finding
+
+    @property
+    def reproduced(self) -> bool | None:
+        if self.recorded_cause is None or self.outcome is None:
+            return None
+        return self.outcome.is_finding and cause_of(self.outcome) == self.recorded_cause
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.outcome
+        return {
+            "path": self.path,
+            "target": self.target,
+            "verdict": None if out is None else out.verdict,
+            "cause": None if out is None or not out.is_finding else cause_of(out),
+            "error_code": None if out is None else out.error_code,
+            "cost": None if out is None else out.cost.to_dict(),
+            "recorded_cause": self.recorded_cause,
+            "reproduced": self.reproduced,
+            "note": self.note,
+        }
+
+
+def replay_file(path: Path, target_name: str | None, oracles: dict[str, Oracle]) -> ReplayResult:
+    """Replay one payload file; ``oracles`` caches one oracle per target (the caller closes
+    them). The target is ``target_name``, else the one the file records."""
+    from payloads.loader import load_payload
+
+    payload = load_payload(path)
+    recorded = payload.finding.target if payload.finding is not None else None
+    name = target_name or recorded
+    if name is None:
+        raise ValueError(f"{path}: no target recorded in the file; pass --target")
+    target = get_target(name)
+    cause = payload.finding.cause if payload.finding is not None and name == recorded else None
+    if payload.transport is not None:
+        return ReplayResult(str(path), name, None, cause, "needs a transport (HTTP framing)")
+    if payload.size_bound > MAX_REPLAY_BYTES:
+        return ReplayResult(str(path), name, None, cause, "body over 8 MiB: the HTTP layer's")
+    to_input = getattr(target, "input_from_payload", None)
+    body = payload.body_bytes()
+    headers = payload.header_items()
+    data = body if to_input is None else to_input(body, payload.endpoint, headers)
+    if data is None:
+        return ReplayResult(str(path), name, None, cause, "not applicable to this target")
+    oracle = oracles.get(name)
+    if oracle is None:
+        # Always in the worker: these are attack payloads, whatever the target's default.
+        oracle = oracles[name] = Oracle(name, isolate=True)
+    return ReplayResult(str(path), name, oracle.run(data), cause)
+
+
+def replay_paths(paths: Sequence[Path], target_name: str | None = None) -> list[ReplayResult]:
+    """Replay payload files (directories: every ``*.yaml`` under them)."""
+    files: list[Path] = []
+    for p in paths:
+        files.extend(sorted(p.rglob("*.yaml")) if p.is_dir() else [p])
+    oracles: dict[str, Oracle] = {}
+    try:
+        return [replay_file(f, target_name, oracles) for f in files]
+    finally:
+        for o in oracles.values():
+            o.close()

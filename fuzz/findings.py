@@ -1,0 +1,308 @@
+"""Findings: deduplicated by cause, minimised with the oracle, saved as payload files.
+
+A cause is what makes two findings "the same bug" (:func:`cause_of`): a crash's exception type
+and innermost frame, or the resource that ran out (time: a timeout or the wall budget; memory:
+the ``RLIMIT_AS`` cap or the memory budget; steps; output tokens; cost per byte).
+:func:`record` keeps the first input per cause, minimises it with :func:`fuzz.minimize.ddmin`
+(the predicate: the oracle still reports the same cause), measures it again and saves it with
+:func:`payloads.writer.save_found` under ``<root>/found/<target>/``, with the cost before and
+after minimisation. A cause that already has a payload file there is not saved twice.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fuzz.minimize import MinimiseStats, ddmin
+from fuzz.oracle import Outcome
+from fuzz.targets._base import Cost, Target
+
+if TYPE_CHECKING:
+    from fuzz.oracle import Oracle
+
+__all__ = [
+    "EngineResult",
+    "Finding",
+    "FindingSet",
+    "Progress",
+    "cause_of",
+    "known_causes",
+    "record",
+    "safe_target_name",
+]
+
+
+# Verdicts that come from a measurement near a threshold (re-run once before they count).
+_MEASURED = frozenset({"budget", "cost_per_byte"})
+
+
+def cause_of(outcome: Outcome) -> str:
+    """The deduplication key of a finding (and the minimiser's notion of "same cause")."""
+    v = outcome.verdict
+    if v in ("timeout",) or outcome.where == "budget:wall_s":
+        return "time"
+    if v == "oom" or outcome.where == "budget:mem_bytes":
+        return "memory"
+    if v == "budget":
+        return outcome.where or "budget"
+    if v == "cost_per_byte":
+        return "cost_per_byte"
+    return f"crash:{outcome.error_type}:{outcome.where or '-'}"
+
+
+@dataclass
+class Finding:
+    """One deduplicated finding. ``data`` is the minimised input (``original`` the one found);
+    ``path`` the payload file (None when saving was off); ``known`` when a payload file with
+    the same cause already existed (then ``path`` is that file)."""
+
+    target: str
+    engine: str
+    cause: str
+    outcome: Outcome
+    original: bytes
+    data: bytes
+    cost_before: Cost
+    cost_after: Cost
+    found_after_s: float
+    minimised: bool = False
+    minimise_tests: int = 0
+    path: str | None = None
+    known: bool = False
+    seed: int | None = None
+    save_error: str | None = None
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.data)
+
+    @property
+    def verdict(self) -> str:
+        return self.outcome.verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "engine": self.engine,
+            "cause": self.cause,
+            "verdict": self.outcome.verdict,
+            "error_type": self.outcome.error_type,
+            "error_message": self.outcome.error_message,
+            "where": self.outcome.where,
+            "size_bytes": self.size_bytes,
+            "original_size_bytes": len(self.original),
+            "cost": self.cost_after.to_dict(),
+            "cost_before_minimisation": self.cost_before.to_dict(),
+            "minimised": self.minimised,
+            "minimise_tests": self.minimise_tests,
+            "found_after_s": round(self.found_after_s, 3),
+            "path": self.path,
+            "known": self.known,
+            "seed": self.seed,
+            **({"save_error": self.save_error} if self.save_error else {}),
+            "input_preview": self.data[:200].decode("utf-8", "replace"),
+        }
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress report from an engine (the campaign prints one line from it)."""
+
+    elapsed_s: float
+    execs: int
+    execs_per_s: float
+    coverage: int | None
+    best_cost: float
+    findings: int
+    engine: str = ""
+
+
+@dataclass
+class EngineResult:
+    """What an engine returns: ``best_cost_over_time`` is ``(seconds, Cost.scalar())`` at each
+    improvement; ``coverage`` the edges or features seen (None when the engine has none)."""
+
+    execs: int
+    findings: list[Finding]
+    best_cost_over_time: list[tuple[float, float]]
+    coverage: int | None
+    time_to_first_finding_s: float | None
+    engine: str = ""
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class FindingSet:
+    """The campaign's findings so far, one per cause; safe to share between engine threads."""
+
+    def __init__(self, known: dict[str, str] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._causes: set[str] = set()
+        self.findings: list[Finding] = []
+        # cause -> payload file already in the corpus for it (not saved twice).
+        self.known = dict(known or {})
+
+    def has(self, cause: str) -> bool:
+        with self._lock:
+            return cause in self._causes
+
+    def claim(self, cause: str) -> bool:
+        """True the first time ``cause`` is claimed (the caller then records it)."""
+        with self._lock:
+            if cause in self._causes:
+                return False
+            self._causes.add(cause)
+            return True
+
+    def add(self, finding: Finding) -> None:
+        with self._lock:
+            self.findings.append(finding)
+
+    def __len__(self) -> int:
+        return len(self.findings)
+
+
+def safe_target_name(name: str) -> str:
+    """The directory name of a target's findings (``module:Class`` targets included)."""
+    return re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")[:64] or "target"
+
+
+def known_causes(target: str, root: Path | None = None) -> dict[str, str]:
+    """cause -> path of the payload files already saved for ``target`` under ``root``."""
+    from payloads.loader import DEFAULT_ROOT, load_payload
+
+    directory = (DEFAULT_ROOT if root is None else Path(root)) / "found" / safe_target_name(target)
+    out: dict[str, str] = {}
+    if not directory.is_dir():
+        return out
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            p = load_payload(path)
+        except Exception:
+            continue
+        if p.finding is not None:
+            out.setdefault(p.finding.cause, str(path))
+    return out
+
+
+def record(
+    target: Target,
+    data: bytes,
+    outcome: Outcome,
+    engine: str,
+    *,
+    oracle: Oracle,
+    seen: FindingSet,
+    found_after_s: float,
+    seed: int | None = None,
+    minimise: bool = True,
+    minimise_s: float = 20.0,
+    max_tests: int = 2000,
+    save_root: Path | None = None,
+    save: bool = True,
+    on_progress: Callable[[str], None] | None = None,
+) -> Finding | None:
+    """Deduplicate, minimise, re-measure and save one finding; None when its cause is known
+    to this campaign already. ``save_root``: the corpus root (``payloads/`` by default)."""
+    cause = cause_of(outcome)
+    if seen.has(cause):
+        return None
+    if outcome.verdict in _MEASURED:
+        # A measured crossing (not a crash, kill or cap) must reproduce: a GC pause or a busy
+        # machine is not a finding.
+        again = oracle.run(data)
+        if not again.is_finding or cause_of(again) != cause:
+            return None
+    if not seen.claim(cause):
+        return None
+    small = data
+    stats = MinimiseStats()
+    if minimise and len(data) > 1:
+        if on_progress is not None:
+            on_progress(f"minimising a {cause} finding ({len(data)} bytes)")
+
+        def same_cause(candidate: bytes) -> bool:
+            out = oracle.run(candidate)
+            return out.is_finding and cause_of(out) == cause
+
+        small = ddmin(data, same_cause, max_tests=max_tests, deadline_s=minimise_s, stats=stats)
+    after = oracle.run(small) if small != data else outcome
+    if not after.is_finding or cause_of(after) != cause:
+        # Flaky (time near the budget): keep the input as found.
+        small, after = data, outcome
+    finding = Finding(
+        target=target.name,
+        engine=engine,
+        cause=cause,
+        outcome=after,
+        original=data,
+        data=small,
+        cost_before=outcome.cost,
+        cost_after=after.cost,
+        found_after_s=found_after_s,
+        minimised=minimise and small != data,
+        minimise_tests=stats.tests,
+        seed=seed,
+    )
+    if save:
+        try:
+            _save(finding, target, seen, save_root)
+        except Exception as exc:  # the finding stands; report why it has no file
+            finding.save_error = f"{type(exc).__name__}: {exc}"
+    seen.add(finding)
+    return finding
+
+
+def _save(finding: Finding, target: Target, seen: FindingSet, root: Path | None) -> None:
+    from payloads.writer import save_found
+
+    existing = seen.known.get(finding.cause)
+    if existing is not None:
+        finding.path, finding.known = existing, True
+        return
+    to_body = getattr(target, "payload_body", None)
+    body, endpoint = to_body(finding.data) if to_body is not None else (finding.data, "/")
+    out = finding.outcome
+    description = (
+        f"Found by the {finding.engine} engine on {target.name}: {out.verdict}"
+        f" ({finding.cause}); {len(finding.original)} bytes minimised to {finding.size_bytes}."
+    )
+    if out.error_message:
+        description += f" {out.error_message[:200]}"
+    payload = save_found(
+        target=safe_target_name(target.name),
+        class_=str(getattr(target, "class_", "volume")),
+        body=body,
+        endpoint=endpoint,
+        target_field=str(getattr(target, "target_field", "body")),
+        description=description,
+        engine=finding.engine,
+        cause=finding.cause,
+        cost_before=_payload_cost(finding.cost_before, len(finding.original)),
+        cost_after=_payload_cost(finding.cost_after, finding.size_bytes),
+        seed=finding.seed,
+        minimised=finding.minimised,
+        root=root,
+    )
+    finding.path = str(payload.path)
+    seen.known[finding.cause] = finding.path
+
+
+def _payload_cost(cost: Cost, size: int) -> dict[str, float]:
+    # The corpus format's cost metrics (payloads.loader.COST_METRICS).
+    from payloads.loader import COST_METRICS
+
+    d = cost.to_dict()
+    d["size_bytes"] = float(size)
+    d["cost_per_byte"] = round(cost.per_byte(size), 6)
+    return {k: v for k, v in d.items() if k in COST_METRICS}
+
+
+def elapsed_since(start: float) -> float:
+    return time.monotonic() - start

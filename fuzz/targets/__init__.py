@@ -1,0 +1,55 @@
+"""The registry of fuzz targets: name -> target, with what each exercises, its kind and budgets.
+
+Targets are cheap to construct; each imports what it runs on first use (or in ``warmup``), so
+listing them, or starting a worker for one, loads only that one's dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from fuzz.targets._base import Budgets, Cost, Kind, Target
+from fuzz.targets.gateway import GuardApp, GuardPipeline
+from fuzz.targets.scheduler import SchedulerState
+from fuzz.targets.templates import (
+    ChatTemplateHardened,
+    ChatTemplateVulnerable,
+    PlaceholderHardened,
+    PlaceholderVulnerable,
+)
+
+__all__ = ["FAILS_CI", "REGISTRY", "Budgets", "Cost", "Kind", "Target", "get_target"]
+
+REGISTRY: dict[str, Target] = {
+    t.name: t
+    for t in (
+        PlaceholderVulnerable(),
+        PlaceholderHardened(),
+        ChatTemplateVulnerable(),
+        ChatTemplateHardened(),
+        GuardPipeline(),
+        GuardApp(),
+        SchedulerState(),
+    )
+}
+
+# Kinds whose findings fail a campaign (exit status 1): the code that is supposed to be safe.
+FAILS_CI: frozenset[str] = frozenset({"hardened", "guard"})
+
+
+def get_target(name: str) -> Target:
+    """The registered target ``name``, or ``package.module:Class`` (instantiated once and
+    registered under that name: how tests and plugins add targets the worker can import)."""
+    target = REGISTRY.get(name)
+    if target is not None:
+        return target
+    module_name, colon, attr = name.partition(":")
+    if colon and module_name and attr:
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise KeyError(f"cannot load fuzz target {name!r}: {exc}") from None
+        made: Target = cls()
+        REGISTRY[name] = made
+        return made
+    raise KeyError(f"unknown fuzz target {name!r}; choose one of {sorted(REGISTRY)}")

@@ -1,0 +1,143 @@
+"""Campaign reports (report.json, JUnit, SARIF 2.1.0, summary.md + SVG) and the CLI."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from fuzz.findings import EngineResult, Finding
+from fuzz.oracle import Outcome
+from fuzz.report import CampaignReport, render_svg, to_sarif, write_reports
+from fuzz.targets._base import Cost
+from schedguard.cli import main
+
+
+def _report(kind: str = "hardened", findings: int = 2) -> CampaignReport:
+    fs = []
+    for i in range(findings):
+        crash = i == 0
+        out = Outcome(
+            "crash" if crash else "timeout",
+            Cost(time_s=0.5, cpu_s=0.4, peak_mem_bytes=1 << 20, steps=10),
+            "KeyError" if crash else "Timeout",
+            "boom",
+            "guard/pipeline.py:120:run_checks" if crash else "timeout",
+        )
+        fs.append(
+            Finding(
+                target="t",
+                engine="search",
+                cause="crash:KeyError:guard/pipeline.py:120:run_checks" if crash else "time",
+                outcome=out,
+                original=b"x" * 40,
+                data=b"x" * 8,
+                cost_before=Cost(time_s=1.0, steps=99),
+                cost_after=out.cost,
+                found_after_s=1.5 + i,
+                minimised=True,
+                path=None,
+            )
+        )
+    res = EngineResult(
+        execs=1000,
+        findings=fs,
+        best_cost_over_time=[(0.0, 0.0), (0.5, 2.0), (1.5, 500.0), (10.0, 500.0)],
+        coverage=12,
+        time_to_first_finding_s=1.5 if fs else None,
+        engine="search",
+        duration_s=10.0,
+    )
+    return CampaignReport(
+        target="t",
+        kind=kind,
+        description="a target",
+        engine="search",
+        duration_s=10.0,
+        budgets={"wall_s": 1.0},
+        results=[res],
+        findings=fs,
+        fails_ci=kind in ("hardened", "guard"),
+        source="guard/pipeline.py",
+    )
+
+
+def test_reports_are_written_with_their_schemas(tmp_path: Path) -> None:
+    paths = write_reports(_report(), tmp_path)
+    doc = json.loads(paths["json"].read_text())
+    for key in ("target", "engine", "duration_s", "execs", "time_to_first_finding_s", "findings"):
+        assert key in doc
+    assert doc["time_to_first_finding_s"] == 1.5 and doc["exit_status"] == 1
+    for f in doc["findings"]:
+        assert {"size_bytes", "cost", "path"} <= set(f) and f["size_bytes"] == 8
+    suite = ET.fromstring(paths["junit"].read_text())
+    assert suite.tag == "testsuite" and suite.get("failures") == "2"
+    assert len(suite.findall("testcase/failure")) == 2
+    sarif = json.loads(paths["sarif"].read_text())
+    assert sarif["version"] == "2.1.0" and "sarif-2.1.0" in sarif["$schema"]
+    run = sarif["runs"][0]
+    assert run["tool"]["driver"]["name"] == "schedguard-fuzz"
+    assert len(run["results"]) == 2
+    rule_ids = {r["id"] for r in run["tool"]["driver"]["rules"]}
+    for r in run["results"]:
+        assert r["ruleId"] in rule_ids and r["level"] == "error"
+        assert r["message"]["text"]
+        loc = r["locations"][0]["physicalLocation"]
+        assert loc["artifactLocation"]["uri"] and loc["region"]["startLine"] >= 1
+    crash = next(r for r in run["results"] if r["ruleId"] == "fuzz/crash")
+    assert crash["locations"][0]["physicalLocation"]["region"]["startLine"] == 120
+    summary = paths["summary"].read_text()
+    assert "best_cost.svg" in summary and "| findings | 2 |" in summary
+    svg = ET.fromstring(paths["svg"].read_text())
+    assert svg.tag.endswith("svg") and svg.find("{http://www.w3.org/2000/svg}path") is not None
+
+
+def test_vulnerable_findings_pass_ci() -> None:
+    rep = _report(kind="vulnerable")
+    assert rep.exit_status == 0
+    assert all(r["level"] == "warning" for r in to_sarif(rep)["runs"][0]["results"])
+    assert _report(kind="guard", findings=0).exit_status == 0
+
+
+def test_svg_without_points_is_valid() -> None:
+    ET.fromstring(render_svg([], 5.0, "empty <title>"))
+
+
+def test_cli_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fuzz", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {r["name"] for r in rows}
+    assert {"guard-pipeline", "placeholder-vulnerable", "scheduler-state"} <= names
+    row = next(r for r in rows if r["name"] == "guard-pipeline")
+    assert row["kind"] == "guard" and row["fails_ci"] and row["budgets"]["wall_s"] > 0
+    assert main(["fuzz", "list"]) == 0
+    assert "exercises:" in capsys.readouterr().out
+
+
+def test_cli_run_writes_reports_and_gates(tmp_path: Path) -> None:
+    out = tmp_path / "ok"
+    args = ["fuzz", "run", "--engine", "search", "--duration", "1.5", "--seed", "1", "--quiet"]
+    assert main([*args, "--target", "guard-pipeline", "--out", str(out), "--no-save"]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["target"] == "guard-pipeline" and doc["execs"] > 100 and doc["findings"] == []
+    for name in ("junit.xml", "report.sarif", "summary.md", "best_cost.svg"):
+        assert (out / name).is_file()
+    bad = tmp_path / "bad"
+    target = "tests._fuzz_targets:GuardCommands"
+    status = main([*args, "--target", target, "--out", str(bad), "--found-root", str(tmp_path)])
+    assert status == 1  # a guard-kind target with a finding fails CI
+    doc = json.loads((bad / "report.json").read_text())
+    assert doc["findings"] and doc["exit_status"] == 1
+    assert main([*args, "--target", "nope", "--no-save"]) == 2
+
+
+def test_cli_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from payloads.loader import DEFAULT_ROOT
+
+    seed = DEFAULT_ROOT / "attacks" / "nested_prompt_template" / "npt-seed.yaml"
+    assert main(["fuzz", "replay", str(seed), "--target", "placeholder-hardened", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["verdict"] == "rejected" and row["error_code"]
+    assert main(["fuzz", "replay", str(seed)]) == 2  # curated: no target recorded

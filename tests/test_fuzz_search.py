@@ -1,0 +1,83 @@
+"""The cost-guided search: its queue, and campaigns that climb to a finding."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from fuzz.findings import FindingSet, Progress
+from fuzz.oracle import Oracle
+from fuzz.search import CostQueue, Entry, run_search
+from fuzz.targets import get_target
+from fuzz.targets._base import Cost
+
+
+def test_queue_keeps_the_costliest_and_the_densest() -> None:
+    q = CostQueue(capacity=3)
+    for i in range(10):
+        q.offer(Entry.of(b"x" * (100 * (i + 1)), Cost(steps=1000 * i)))
+    assert [e.cost.steps for e in q.by_raw] == [9000, 8000, 7000]
+    small_dense = Entry.of(b"ab", Cost(steps=5000))
+    assert q.offer(small_dense)
+    assert q.by_per_byte[0] is small_dense
+    assert not q.offer(Entry.of(b"ab", Cost(steps=5000)))  # the same input twice
+    # The component maxima are kept even when the total is low.
+    mem = Entry.of(b"m" * 500, Cost(peak_mem_bytes=1 << 20))
+    assert q.offer(mem) and q.maxima[1] is mem
+    rng = random.Random(0)
+    picks = {q.pick(rng).data for _ in range(200)}
+    assert b"x" * 1000 in picks and b"ab" in picks
+    q.drop(small_dense)
+    assert small_dense not in q.by_per_byte
+
+
+def test_search_climbs_to_a_minimised_budget_finding() -> None:
+    target = get_target("tests._fuzz_targets:Squares")
+    seen: list[Progress] = []
+    result = run_search(
+        target,
+        lambda: Oracle(target.name, isolate=False),
+        duration_s=4.0,
+        seed=3,
+        on_progress=seen.append,
+        save=False,
+        minimise_s=2.0,
+    )
+    assert result.execs > 100 and result.time_to_first_finding_s is not None
+    [finding] = result.findings
+    assert finding.cause == "budget:steps" and finding.data == b"a" * 101
+    assert result.best_cost_over_time[-1][1] >= 10.0
+    assert seen and seen[-1].findings == 1
+
+
+def test_search_finds_the_vulnerable_placeholder_engine(tmp_path: Path) -> None:
+    """From the trivial seeds, the vulnerable {{name}} engine crosses its time or memory
+    budget within seconds (the 60 s proof campaign is bench/fuzz_proof.py)."""
+    target = get_target("placeholder-vulnerable")
+    findings = FindingSet()
+    result = run_search(
+        target,
+        lambda: Oracle(target.name, isolate=True),
+        duration_s=12.0,
+        seed=2,
+        findings=findings,
+        save_root=tmp_path,
+        minimise_s=3.0,
+    )
+    assert result.findings, f"no finding in {result.execs} execs"
+    f = result.findings[0]
+    assert f.cause in ("time", "memory") and f.size_bytes <= 512
+    assert f.path is not None and Path(f.path).is_file()
+
+
+def test_search_finds_nothing_on_the_hardened_engine() -> None:
+    target = get_target("placeholder-hardened")
+    result = run_search(
+        target,
+        lambda: Oracle(target.name, isolate=True),
+        duration_s=4.0,
+        seed=1,
+        save=False,
+    )
+    assert result.execs > 1000
+    assert not result.findings, [f.to_dict() for f in result.findings]
