@@ -1,0 +1,15 @@
+"""Load tests: benign and attack traffic through the guard with locust, and SLO gates.
+
+``locustfile.py`` is the locust entry point (``locust -f loadtests/locustfile.py``, or
+``schedguard load``). Everything else here is plain Python that imports neither locust nor
+gevent, so tests and the ``schedguard`` command can use it without monkey-patching:
+
+- :mod:`loadtests.prompts`: benign requests with realistic prompt and output lengths;
+- :mod:`loadtests.replay`: the payloads/ corpus as requests to replay;
+- :mod:`loadtests.httpclient`: a small HTTP/1.1 client (keep-alive, SSE timing, raw framing);
+- :mod:`loadtests.shapes`: load shapes (steady, ramp, spike, attack burst);
+- :mod:`loadtests.monitor`: RSS of the guard and the upstream, the guard's ``/metrics``;
+- :mod:`loadtests.slo`: the SLO gate and its table.
+
+Nothing imports this package except the locustfile and ``schedguard load``.
+"""

@@ -1,0 +1,518 @@
+"""Benign and attack traffic through the guard, with an SLO gate and a live dashboard.
+
+    locust -f loadtests/locustfile.py --host http://127.0.0.1:8080 --headless -u 20 -t 60s \\
+        --attack-share 0.3 --guard-url http://127.0.0.1:8080 --upstream-url http://127.0.0.1:8000
+
+or ``schedguard load``, which starts the servers and passes their pids and URLs. Locust's
+stats rows, by request type:
+
+- ``BENIGN``: synthetic chat and completion requests (``chat``, ``chat stream``, ...), the full
+  response time; ``TTFT`` and ``ITL``: time to first token and mean inter-token gap of each
+  stream; ``LOOKALIKE``: the corpus's benign look-alikes (one row per payload);
+- ``ATTACK``: one row per THREATS class; a success is an attack *rejected* (a 4xx answer), a
+  failure one that got through, timed out or broke the connection. A ``flood`` payload is sent
+  as a burst of ``--flood-burst`` concurrent requests and counts once, rejected when any of
+  them is refused.
+
+Each user runs at most ``--user-rps`` requests a second (constant throughput), so the share of
+attack requests follows the share of attacking users (``--attack-share`` of ``-u``). The shape
+(``--shape steady|ramp|spike|burst``) sets the users over time. When the test ends the SLO gate
+(:mod:`loadtests.slo`) prints its table, writes ``--slo-json`` and sets the exit code: 0 when
+every check passes, 1 otherwise. Works with ``--master`` / ``--worker`` unchanged: the gate,
+the shape and the resource monitor run on the master, the users on the workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import gevent
+import gevent.pool
+from locust import LoadTestShape, User, constant_throughput, events, task
+from locust.argument_parser import LocustArgumentParser
+from locust.env import Environment
+from locust.runners import WorkerRunner
+
+from loadtests import dashboard, slo
+from loadtests.httpclient import KeepAlive, Response, send_raw
+from loadtests.monitor import Monitor
+from loadtests.prompts import BenignMix, make_request
+from loadtests.replay import Replay, RoundRobin, load_attacks, load_lookalikes
+from loadtests.shapes import ATTACK, BENIGN, SHAPES, ShapeSpec, tick
+
+_ids = itertools.count()
+# Counters the SLO report shows beside locust's stats (client-side status/code of attacks,
+# flood outcomes); workers send theirs to the master with each stats report.
+_tally: collections.Counter[str] = collections.Counter()
+_TALLY_KEY = "schedguard_tally"
+_attacks: RoundRobin | None = None
+_lookalikes: list[Replay] | None = None
+_monitor: Monitor | None = None
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _on(hook: Any) -> Callable[[_F], _F]:
+    """``@_on(events.init)``: locust's ``add_listener`` as a typed decorator."""
+
+    def register(fn: _F) -> _F:
+        hook.add_listener(fn)
+        return fn
+
+    return register
+
+
+def _options(environment: Environment) -> Any:
+    """The parsed command line (``argparse.Namespace``, our arguments included)."""
+    opts = environment.parsed_options
+    assert opts is not None, "run through locust's command line"
+    return opts
+
+
+class _Failure(Exception):
+    """A locust failure; its text is the row of locust's failure table (keep it low-cardinality)."""
+
+
+# ------------------------------------------------------------------------------ arguments
+
+
+@_on(events.init_command_line_parser)
+def _arguments(parser: LocustArgumentParser) -> None:
+    g = parser.add_argument_group("schedguard traffic")
+    g.add_argument("--attack-share", type=float, default=0.3, help="fraction of users attacking")
+    g.add_argument("--shape", choices=SHAPES, default="steady", help="load shape")
+    g.add_argument("--user-rps", type=float, default=0.5, help="requests per second per user")
+    g.add_argument("--chat-weight", type=float, default=3.0, help="weight of chat requests")
+    g.add_argument("--completion-weight", type=float, default=1.0, help="weight of completions")
+    g.add_argument("--stream-share", type=float, default=0.5, help="share of streamed requests")
+    g.add_argument(
+        "--lookalike-share",
+        type=float,
+        default=0.1,
+        help="share of benign requests replaying the corpus's benign look-alikes",
+    )
+    g.add_argument(
+        "--attack-classes", default="", help="comma-separated THREATS classes (default: all)"
+    )
+    g.add_argument("--flood-burst", type=int, default=30, help="requests per flood burst")
+    g.add_argument(
+        "--flood-hold-s", type=float, default=5.0, help="how long flood streams stay open"
+    )
+    g.add_argument("--attack-timeout-s", type=float, default=15.0, help="attack request timeout")
+    g.add_argument("--request-timeout-s", type=float, default=60.0, help="benign request timeout")
+    g.add_argument("--benign-key", default="sk-load-benign", help="API key of benign users")
+    g.add_argument("--attack-key", default="sk-load-attacker", help="API key of attackers")
+    g.add_argument(
+        "--upstream-profile",
+        default="vulnerable",
+        help="reference profile behind the target: look-alikes it does not serve are skipped",
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed of prompts and attack order")
+
+    m = parser.add_argument_group("schedguard monitor")
+    m.add_argument("--guard-url", default="", help="guard base URL for /metrics")
+    m.add_argument("--upstream-url", default="", help="upstream base URL for its health check")
+    m.add_argument("--guard-pid", type=int, default=0, help="guard pid (RSS sampling)")
+    m.add_argument("--upstream-pid", type=int, default=0, help="upstream pid (RSS sampling)")
+    m.add_argument("--sample-interval-s", type=float, default=1.0, help="RSS sampling period")
+
+    s = parser.add_argument_group("schedguard SLO gate")
+    d = slo.Thresholds()
+    s.add_argument("--slo-p99-ms", type=float, default=d.p99_ms, help="benign p99 latency")
+    s.add_argument("--slo-max-benign-errors", type=int, default=d.max_benign_errors)
+    s.add_argument("--slo-min-attack-rejected", type=float, default=d.min_attack_rejected)
+    s.add_argument("--slo-max-guard-rss-mb", type=float, default=d.max_guard_rss_mb)
+    s.add_argument("--slo-max-upstream-rss-mb", type=float, default=d.max_upstream_rss_mb)
+    s.add_argument("--slo-max-p99-ratio", type=float, default=d.max_p99_ratio)
+    s.add_argument("--slo-baseline", default="", help="an earlier run's slo.json (p99 ratio)")
+    s.add_argument("--slo-max-rss-slope", type=float, default=0.0, help="MB/min; 0: not gated")
+    s.add_argument(
+        "--slo-skip-upstream-check", action="store_true", help="do not require a live upstream"
+    )
+    s.add_argument("--slo-json", default="", help="write the SLO report here")
+
+
+def _thresholds(opts: Any) -> slo.Thresholds:
+    baseline = slo.load_baseline_p99(opts.slo_baseline) if opts.slo_baseline else None
+    return slo.Thresholds(
+        p99_ms=opts.slo_p99_ms,
+        max_benign_errors=opts.slo_max_benign_errors,
+        min_attack_rejected=opts.slo_min_attack_rejected,
+        max_guard_rss_mb=opts.slo_max_guard_rss_mb or None,
+        max_upstream_rss_mb=opts.slo_max_upstream_rss_mb or None,
+        require_upstream_alive=not opts.slo_skip_upstream_check,
+        max_p99_ratio=opts.slo_max_p99_ratio,
+        baseline_p99_ms=baseline,
+        max_rss_slope_mb_per_min=opts.slo_max_rss_slope or None,
+    )
+
+
+def _shape_spec(environment: Environment) -> ShapeSpec:
+    opts = _options(environment)
+    users = max(1, int(getattr(opts, "num_users", None) or 1))
+    share = min(max(float(opts.attack_share), 0.0), 1.0)
+    attackers = min(users, round(users * share))
+    if share > 0 and attackers == 0:
+        attackers = 1
+    if opts.shape == "burst" and attackers == users:
+        attackers = users - 1
+    # Locust's default -r of 1/s would take a minute to start 60 users: all within a second.
+    spawn = getattr(opts, "spawn_rate", None)
+    return ShapeSpec(
+        opts.shape,
+        users,
+        attackers,
+        float(opts.run_time) if getattr(opts, "run_time", None) else None,
+        float(spawn) if spawn and spawn != 1 else None,
+    )
+
+
+# ------------------------------------------------------------------------------ users
+
+
+def _fire(
+    user: User,
+    request_type: str,
+    name: str,
+    seconds: float,
+    length: int = 0,
+    failure: str | None = None,
+) -> None:
+    user.environment.events.request.fire(
+        request_type=request_type,
+        name=name,
+        response_time=seconds * 1000.0,
+        response_length=length,
+        exception=_Failure(failure) if failure else None,
+        context={},
+    )
+
+
+def _process_seed(environment: Environment) -> int:
+    """The run's seed, distinct per worker (workers would otherwise replay the same order)."""
+    index = getattr(environment.runner, "worker_index", 0) if environment.runner else 0
+    return int(_options(environment).seed) * 1000 + int(index or 0)
+
+
+def _lookalike_replays(environment: Environment) -> list[Replay]:
+    global _lookalikes
+    if _lookalikes is None:
+        profile = _options(environment).upstream_profile
+        _lookalikes = load_lookalikes(None if profile == "any" else profile)
+    return _lookalikes
+
+
+def _attack_cycle(environment: Environment) -> RoundRobin:
+    global _attacks
+    if _attacks is None:
+        opts = _options(environment)
+        classes = [c.strip() for c in opts.attack_classes.split(",") if c.strip()] or None
+        _attacks = RoundRobin(load_attacks(classes), seed=_process_seed(environment))
+    return _attacks
+
+
+class BenignUser(User):
+    """An OpenAI API client: chat and completions, streamed or not, realistic lengths."""
+
+    weight = 7
+
+    def on_start(self) -> None:
+        opts = _options(self.environment)
+        self.rng = random.Random(_process_seed(self.environment) * 1_000_003 + next(_ids))
+        self.mix = BenignMix(
+            chat_weight=opts.chat_weight,
+            completion_weight=opts.completion_weight,
+            stream_share=opts.stream_share,
+        )
+        self.lookalike_share = opts.lookalike_share
+        self.conn = KeepAlive(self.host or "", opts.request_timeout_s)
+        self.pace = constant_throughput(opts.user_rps)
+        self.headers = [
+            ("content-type", "application/json"),
+            ("authorization", f"Bearer {opts.benign_key}"),
+        ]
+
+    def wait_time(self) -> float:
+        return self.pace(self)
+
+    def on_stop(self) -> None:
+        self.conn.close()
+
+    @task
+    def request(self) -> None:
+        if self.lookalike_share > 0 and self.rng.random() < self.lookalike_share:
+            self._lookalike()
+            return
+        req = make_request(self.rng, self.mix)
+        if req.stream:
+            self._stream("BENIGN", req.name, req.path, req.body)
+        else:
+            resp = self.conn.request("POST", req.path, req.body, self.headers)
+            _fire(self, "BENIGN", req.name, resp.elapsed_s, len(resp.body), _benign_failure(resp))
+
+    def _stream(self, kind: str, name: str, path: str, body: bytes) -> None:
+        res = self.conn.stream("POST", path, body, self.headers)
+        failure = None
+        if res.status != 200:
+            failure = _benign_failure(Response(res.status, res.body, res.error))
+        elif res.error:
+            failure = res.error
+        _fire(self, kind, name, res.elapsed_s, len(res.body), failure)
+        if failure is None and res.ttft_s is not None:
+            _fire(self, "TTFT", name, res.ttft_s)
+            if res.itl_mean_s is not None:
+                _fire(self, "ITL", name, res.itl_mean_s)
+
+    def _lookalike(self) -> None:
+        replays = _lookalike_replays(self.environment)
+        if not replays:
+            return
+        replay = self.rng.choice(replays)
+        body = replay.body()
+        if b'"stream":true' in body:
+            self._stream("LOOKALIKE", replay.id, replay.path, body)
+            return
+        resp = self.conn.request(replay.method, replay.path, body, self.headers)
+        _fire(self, "LOOKALIKE", replay.id, resp.elapsed_s, len(resp.body), _benign_failure(resp))
+
+
+def _benign_failure(resp: Response) -> str | None:
+    if resp.status == 0:
+        return resp.error or "no response"
+    if resp.status >= 300:
+        return f"HTTP {resp.status} {resp.code or ''}".strip()
+    return None
+
+
+def _rejected(status: int) -> bool:
+    return 400 <= status < 500
+
+
+class AttackUser(User):
+    """Replays the attack corpus (every THREATS class) in a shuffled round robin."""
+
+    weight = 3
+
+    def on_start(self) -> None:
+        opts = _options(self.environment)
+        self.opts = opts
+        self.cycle = _attack_cycle(self.environment)
+        self.pace = constant_throughput(opts.user_rps)
+        self.auth = ("authorization", f"Bearer {opts.attack_key}")
+
+    def wait_time(self) -> float:
+        return self.pace(self)
+
+    def _send(self, replay: Replay, hold_s: float | None = None) -> Response:
+        headers = replay.headers()
+        if not any(k.lower() == "authorization" for k, _ in headers):
+            headers = [*headers, self.auth]
+        return send_raw(
+            self.host or "",
+            replay.method,
+            replay.path,
+            headers,
+            replay.body(),
+            replay.transport,
+            timeout_s=self.opts.attack_timeout_s,
+            hold_s=hold_s,
+        )
+
+    @task
+    def attack(self) -> None:
+        replay = self.cycle.next()
+        if replay.flood:
+            self._flood(replay)
+            return
+        resp = self._send(replay)
+        _tally[f"attack {resp.status or resp.error} {resp.code or '-'}"] += 1
+        failure = None
+        if not _rejected(resp.status):
+            what = f"served {resp.status}" if resp.status else (resp.error or "no response")
+            failure = f"{replay.id}: {what}"
+        elif resp.status != replay.expect_status or (
+            replay.expect_code is not None and resp.code != replay.expect_code
+        ):
+            _tally[f"unexpected {replay.id} {resp.status} {resp.code}"] += 1
+        _fire(self, "ATTACK", replay.class_, resp.elapsed_s, len(resp.body), failure)
+
+    def _flood(self, replay: Replay) -> None:
+        burst = max(1, int(self.opts.flood_burst))
+        hold = self.opts.flood_hold_s
+        pool = gevent.pool.Pool(burst)
+        start = time.perf_counter()
+        results: list[Response] = list(
+            pool.imap_unordered(lambda _: self._send(replay, hold), range(burst))
+        )
+        elapsed = time.perf_counter() - start
+        refused = [r for r in results if _rejected(r.status) or r.status == 503]
+        admitted = sum(1 for r in results if 200 <= r.status < 300)
+        _tally[f"flood {replay.id} admitted"] += admitted
+        _tally[f"flood {replay.id} refused"] += len(refused)
+        for r in refused:
+            _tally[f"attack {r.status} {r.code or '-'}"] += 1
+        failure = (
+            None if refused else f"{replay.id}: flood of {burst} not refused ({admitted} served)"
+        )
+        _fire(self, "ATTACK", replay.class_, elapsed, 0, failure)
+
+
+_CLASSES: dict[str, type[User]] = {BENIGN: BenignUser, ATTACK: AttackUser}
+
+
+class ScenarioShape(LoadTestShape):
+    """``--shape`` over ``-u`` users and ``-t`` seconds (see :mod:`loadtests.shapes`)."""
+
+    use_common_options = True
+
+    def tick(self) -> tuple[int, float] | tuple[int, float, list[type[User]] | None] | None:
+        assert self.runner is not None
+        spec = _shape_spec(self.runner.environment)
+        now = tick(spec, time.perf_counter() - float(self.start_time))
+        if now is None:
+            return None
+        classes = [_CLASSES[c] for c in now.classes] if now.classes else None
+        return now.users, now.spawn_rate, classes
+
+
+# ------------------------------------------------------------------------------ events
+
+
+@_on(events.init)
+def _on_init(environment: Environment, **_: Any) -> None:
+    opts = _options(environment)
+    if opts is None or isinstance(environment.runner, WorkerRunner):
+        return
+    if getattr(opts, "num_users", None):
+        spec = _shape_spec(environment)
+        # Exact counts when all users run (steady): the dispatcher splits users by weight.
+        BenignUser.weight = max(1, spec.benign_users)
+        AttackUser.weight = max(1, spec.attack_users)
+    global _monitor
+    _monitor = Monitor(
+        guard_pid=opts.guard_pid or None,
+        upstream_pid=opts.upstream_pid or None,
+        guard_url=opts.guard_url or None,
+        upstream_url=opts.upstream_url or None,
+    )
+    if environment.web_ui is not None:
+        dashboard.install(environment, lambda: _live_status(environment))
+    gevent.spawn(_sample_forever, environment, _monitor)
+
+
+def _sample_forever(environment: Environment, monitor: Monitor) -> None:
+    interval = max(0.1, float(_options(environment).sample_interval_s))
+    n = 0
+    while True:
+        try:
+            monitor.sample()
+            if n % 2 == 0:
+                monitor.scrape()
+        except Exception as exc:  # keep sampling; the dashboard shows the error
+            monitor.metrics_error = f"{type(exc).__name__}: {exc}"[:200]
+        n += 1
+        gevent.sleep(interval)
+
+
+@_on(events.report_to_master)
+def _report_tally(client_id: str, data: dict[str, Any]) -> None:
+    data[_TALLY_KEY] = dict(_tally)
+    _tally.clear()
+
+
+@_on(events.worker_report)
+def _merge_tally(client_id: str, data: dict[str, Any]) -> None:
+    _tally.update(data.get(_TALLY_KEY) or {})
+
+
+def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
+    """Locust's stats and the monitor's samples as :class:`slo.RunData`."""
+    assert environment.runner is not None
+    stats = environment.runner.stats
+    data = slo.RunData()
+    benign_hist: collections.Counter[int] = collections.Counter()
+    ttft: collections.Counter[int] = collections.Counter()
+    itl: collections.Counter[int] = collections.Counter()
+    for (name, method), entry in stats.entries.items():
+        if method == "BENIGN":
+            benign_hist.update(entry.response_times)
+            data.benign_requests += entry.num_requests
+            data.benign_failures += entry.num_failures
+        elif method == "LOOKALIKE":
+            data.lookalike_requests += entry.num_requests
+            data.lookalike_failures += entry.num_failures
+        elif method == "TTFT":
+            ttft.update(entry.response_times)
+        elif method == "ITL":
+            itl.update(entry.response_times)
+        elif method == "ATTACK":
+            sent, ok = entry.num_requests, entry.num_requests - entry.num_failures
+            data.attack_requests += sent
+            data.attack_rejected += ok
+            prev = data.attacks_by_class.get(name, (0, 0))
+            data.attacks_by_class[name] = (prev[0] + sent, prev[1] + ok)
+    data.benign_latency_ms = dict(benign_hist)
+    data.ttft_ms = dict(ttft)
+    data.itl_ms = dict(itl)
+    for err in stats.errors.values():
+        text = f"{err.error} (x{err.occurrences})"
+        if err.method == "ATTACK":
+            data.attack_failures.append(text)
+        elif err.method in ("BENIGN", "LOOKALIKE"):
+            data.benign_failure_samples.append(f"{err.name}: {text}")
+    total = stats.total
+    if total.num_requests and total.last_request_timestamp is not None:
+        data.duration_s = max(0.0, total.last_request_timestamp - total.start_time)
+    data.client_codes = {k: v for k, v in _tally.items() if k.startswith(("attack", "flood"))}
+    opts = _options(environment)
+    data.target = {
+        "host": environment.host,
+        "shape": opts.shape,
+        "users": getattr(opts, "num_users", None),
+        "attack_share": opts.attack_share,
+        "upstream_profile": opts.upstream_profile,
+        "unexpected_codes": {k: v for k, v in _tally.items() if k.startswith("unexpected")},
+    }
+    if monitor is not None:
+        data.guard_peak_rss = monitor.guard.peak
+        data.upstream_peak_rss = monitor.upstream.peak
+        data.guard_rejections = dict(monitor.metrics.rejections)
+        data.rss_series = {
+            w.name: list(w.series) for w in (monitor.guard, monitor.upstream) if w.series
+        }
+    return data
+
+
+def _live_status(environment: Environment) -> dict[str, Any]:
+    monitor = _monitor
+    report = slo.evaluate(collect(environment, monitor), _thresholds(_options(environment)))
+    out = monitor.snapshot() if monitor is not None else {}
+    out["slo"] = report.to_dict()
+    return out
+
+
+@_on(events.quitting)
+def _gate(environment: Environment, **_: Any) -> None:
+    if isinstance(environment.runner, WorkerRunner) or environment.runner is None:
+        return
+    monitor = _monitor
+    if monitor is not None:
+        monitor.sample()
+        monitor.scrape()
+    data = collect(environment, monitor)
+    if monitor is not None:
+        data.upstream_alive, data.upstream_status = monitor.upstream_health()
+    opts = _options(environment)
+    report = slo.evaluate(data, _thresholds(opts))
+    print("\n" + slo.render_table(report), flush=True)
+    if opts.slo_json:
+        report.write_json(opts.slo_json)
+    environment.process_exit_code = 0 if report.passed else 1
+    if monitor is not None:
+        monitor.close()

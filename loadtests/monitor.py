@@ -1,0 +1,181 @@
+"""Watch the guard and the upstream during a run: RSS (psutil, with the kernel's high-water
+mark so short peaks are not missed), liveness, and the guard's ``/metrics`` (rejections by
+code, requests in flight).
+
+Driven by the caller (the locustfile calls :meth:`Monitor.sample` from a greenlet every second
+or so); nothing here starts a thread. Pids are known when ``schedguard load`` started the
+servers; against a remote ``--host`` only ``/metrics`` is read and RSS is reported as unknown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from guard.isolation import PeakRssSampler
+
+__all__ = ["GuardMetricsSnapshot", "Monitor", "Watched", "parse_guard_metrics"]
+
+REJECTIONS = "schedguard_guard_rejections"
+IN_FLIGHT = "schedguard_guard_in_flight_requests"
+# Memory series are thinned to at most this many points (the slope needs the shape, not every
+# sample; a 10-minute soak at 1 Hz is 600).
+_MAX_POINTS = 4000
+
+
+@dataclass
+class GuardMetricsSnapshot:
+    rejections: dict[str, float] = field(default_factory=dict)
+    in_flight: float | None = None
+
+
+def parse_guard_metrics(text: str) -> GuardMetricsSnapshot:
+    """Rejections by code and requests in flight from the guard's Prometheus text."""
+    snap = GuardMetricsSnapshot()
+    for family in text_string_to_metric_families(text):
+        if family.name == REJECTIONS:
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    code = s.labels.get("code", "")
+                    snap.rejections[code] = snap.rejections.get(code, 0.0) + s.value
+        elif family.name == IN_FLIGHT:
+            for s in family.samples:
+                snap.in_flight = s.value
+    return snap
+
+
+class Watched:
+    """One server process: current and peak RSS (itself and its children), alive or not."""
+
+    def __init__(self, name: str, pid: int | None) -> None:
+        self.name = name
+        self.pid = pid
+        self.sampler = PeakRssSampler(pid, include_children=True) if pid else None
+        self.series: list[tuple[float, int]] = []
+        self.current = 0
+        self.died_at: float | None = None  # seconds into the run it was first seen gone
+        self._stride = 1
+        self._seen = 0
+
+    @property
+    def peak(self) -> int | None:
+        return self.sampler.peak_bytes if self.sampler is not None else None
+
+    def alive(self) -> bool | None:
+        if self.pid is None:
+            return None
+        try:
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def sample(self, t: float) -> None:
+        if self.sampler is None:
+            return
+        if not self.alive():
+            self.current = 0
+            if self.died_at is None:
+                self.died_at = t
+            return
+        self.current = self.sampler.current_bytes()
+        self.sampler.sample_now()
+        self._seen += 1
+        if self._seen % self._stride == 0:
+            self.series.append((t, self.current))
+            if len(self.series) > _MAX_POINTS:
+                self.series = self.series[::2]
+                self._stride *= 2
+
+
+class Monitor:
+    """The servers under test, sampled on demand."""
+
+    def __init__(
+        self,
+        *,
+        guard_pid: int | None = None,
+        upstream_pid: int | None = None,
+        guard_url: str | None = None,
+        upstream_url: str | None = None,
+        upstream_health_path: str = "/health",
+    ) -> None:
+        self.guard = Watched("guard", guard_pid)
+        self.upstream = Watched("upstream", upstream_pid)
+        self.guard_url = guard_url.rstrip("/") if guard_url else None
+        self.upstream_url = upstream_url.rstrip("/") if upstream_url else None
+        self.upstream_health_path = upstream_health_path
+        self.metrics = GuardMetricsSnapshot()
+        self.metrics_error: str | None = None
+        self.started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def sample(self) -> None:
+        t = self.elapsed()
+        self.guard.sample(t)
+        self.upstream.sample(t)
+
+    def scrape(self, timeout_s: float = 2.0) -> GuardMetricsSnapshot:
+        if self.guard_url is None:
+            return self.metrics
+        try:
+            with urllib.request.urlopen(self.guard_url + "/metrics", timeout=timeout_s) as resp:
+                self.metrics = parse_guard_metrics(resp.read().decode("utf-8", "replace"))
+                self.metrics_error = None
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            self.metrics_error = f"{type(exc).__name__}: {exc}"[:200]
+        return self.metrics
+
+    def upstream_health(self, timeout_s: float = 3.0) -> tuple[bool | None, str]:
+        """(healthy, description): the process alive (when its pid is known) and its health
+        endpoint answering 200 within ``timeout_s``."""
+        alive = self.upstream.alive()
+        if alive is False:
+            died = self.upstream.died_at
+            return False, "process gone" + (
+                f" ({died:.1f} s into the run)" if died is not None else ""
+            )
+        if self.upstream_url is None:
+            return alive, "alive" if alive else "unknown"
+        url = self.upstream_url + self.upstream_health_path
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                if resp.status == 200:
+                    return True, "alive, health 200"
+                return False, f"health answered {resp.status}"
+        except urllib.error.HTTPError as exc:
+            return False, f"health answered {exc.code}"
+        except (OSError, urllib.error.URLError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return False, f"health check failed: {reason}"[:200]
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the dashboard shows."""
+        out: dict[str, Any] = {"elapsed_s": round(self.elapsed(), 1)}
+        for w in (self.guard, self.upstream):
+            out[w.name] = {
+                "pid": w.pid,
+                "rss_mb": round(w.current / (1 << 20), 1) if w.pid else None,
+                "peak_rss_mb": None if w.peak is None else round(w.peak / (1 << 20), 1),
+                "alive": w.alive(),
+                "died_at_s": w.died_at,
+                "series": [(round(t, 1), round(b / (1 << 20), 1)) for t, b in w.series[-300:]],
+            }
+        out["rejections"] = dict(sorted(self.metrics.rejections.items(), key=lambda kv: -kv[1]))
+        out["in_flight"] = self.metrics.in_flight
+        out["metrics_error"] = self.metrics_error
+        return out
+
+    def close(self) -> None:
+        for w in (self.guard, self.upstream):
+            if w.sampler is not None:
+                with contextlib.suppress(Exception):
+                    w.sampler.stop()

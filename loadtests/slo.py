@@ -1,0 +1,393 @@
+"""The SLO gate of a load run: measured numbers in, a table and a pass/fail verdict out.
+
+Plain data and arithmetic (no locust import): the locustfile fills a :class:`RunData` from
+locust's stats and the resource monitor when the test stops, and sets the process exit code
+from :attr:`Report.passed`.
+
+Checks (thresholds in :class:`Thresholds`, all configurable):
+
+- benign p99 latency (the full response) <= ``p99_ms``;
+- benign errors (synthetic traffic and corpus look-alikes) <= ``max_benign_errors`` (0);
+- share of attack requests rejected (a 4xx answer) >= ``min_attack_rejected`` (all of them);
+- peak RSS of the guard <= ``max_guard_rss_mb``, of the upstream <= ``max_upstream_rss_mb``;
+- the upstream alive and answering its health check at the end;
+- with a baseline run: benign p99 <= ``max_p99_ratio`` x the baseline's;
+- optionally, the RSS slope of guard and upstream <= ``max_rss_slope_mb_per_min`` (soaks).
+
+A check without data (no guard in front, a remote target without pids) is skipped, not
+passed: the table says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "Check",
+    "Report",
+    "RunData",
+    "Thresholds",
+    "evaluate",
+    "load_baseline_p99",
+    "percentile",
+    "render_table",
+    "rss_slope_mb_per_min",
+]
+
+MB = 1 << 20
+Status = Literal["pass", "fail", "skip"]
+# Samples from the first part of a run are left out of the slope: caches, pools and the
+# allocator's arenas fill then (a third of the run, at least 30 s).
+_WARMUP_S = 30.0
+_WARMUP_FRACTION = 1 / 3
+_SERIES_POINTS = 240
+_SLOPE_POINTS = 200  # Theil-Sen is quadratic in the points
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    p99_ms: float = 8000.0
+    max_benign_errors: int = 0
+    min_attack_rejected: float = 1.0
+    max_guard_rss_mb: float | None = 150.0
+    max_upstream_rss_mb: float | None = 512.0
+    require_upstream_alive: bool = True
+    max_p99_ratio: float = 1.5
+    baseline_p99_ms: float | None = None
+    max_rss_slope_mb_per_min: float | None = None
+
+
+@dataclass
+class RunData:
+    """What a run measured. Histograms map a latency in ms (locust's rounding) to a count."""
+
+    duration_s: float = 0.0
+    benign_latency_ms: dict[int, int] = field(default_factory=dict)
+    benign_requests: int = 0
+    benign_failures: int = 0
+    lookalike_requests: int = 0
+    lookalike_failures: int = 0
+    ttft_ms: dict[int, int] = field(default_factory=dict)
+    itl_ms: dict[int, int] = field(default_factory=dict)
+    attack_requests: int = 0
+    attack_rejected: int = 0
+    attacks_by_class: dict[str, tuple[int, int]] = field(default_factory=dict)
+    attack_failures: list[str] = field(default_factory=list)
+    benign_failure_samples: list[str] = field(default_factory=list)
+    guard_peak_rss: int | None = None
+    upstream_peak_rss: int | None = None
+    upstream_alive: bool | None = None
+    upstream_status: str = ""
+    guard_rejections: dict[str, float] = field(default_factory=dict)
+    client_codes: dict[str, int] = field(default_factory=dict)
+    rss_series: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    target: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    threshold: str
+    measured: str
+    status: Status
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+    numbers: dict[str, Any]
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "checks": [asdict(c) for c in self.checks],
+            "numbers": self.numbers,
+            "thresholds": asdict(self.thresholds),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        """Inverse of :meth:`to_dict` (``passed`` is recomputed from the checks)."""
+        checks = [
+            Check(c["name"], c["threshold"], c["measured"], c["status"]) for c in data["checks"]
+        ]
+        th = Thresholds(**data["thresholds"]) if "thresholds" in data else Thresholds()
+        return cls(checks, dict(data.get("numbers", {})), th)
+
+    def with_peak_rss(self, server: str, peak_bytes: int) -> Report:
+        """Raise ``server``'s peak RSS to ``peak_bytes`` if that is higher (a finer sampler,
+        e.g. ``schedguard load``'s, saw a spike the run's sampler missed: a process that died
+        of memory between two samples), re-judging its check."""
+        if server not in ("guard", "upstream"):
+            raise ValueError(f"no peak RSS check for {server!r}")
+        key = f"{server}_peak_rss_mb"
+        known = self.numbers.get(key)
+        if known is not None and peak_bytes / MB <= known:
+            return self
+        limit = (
+            self.thresholds.max_guard_rss_mb
+            if server == "guard"
+            else self.thresholds.max_upstream_rss_mb
+        )
+        name = f"{server} peak RSS"
+        check = _limit(
+            name,
+            peak_bytes / MB,
+            limit,
+            f"<= {limit:.0f} MB" if limit is not None else "-",
+            _mb(peak_bytes),
+        )
+        numbers = {**self.numbers, key: round(peak_bytes / MB, 1)}
+        checks = [check if c.name == name else c for c in self.checks]
+        return Report(checks, numbers, self.thresholds)
+
+    def write_json(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def percentile(hist: Mapping[int, int], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of a latency histogram (nearest rank); ``None`` if empty."""
+    total = sum(hist.values())
+    if total == 0:
+        return None
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for value in sorted(hist):
+        seen += hist[value]
+        if seen >= rank:
+            return float(value)
+    return float(max(hist))
+
+
+def rss_slope_mb_per_min(series: Sequence[tuple[float, int]]) -> float | None:
+    """The growth of RSS after the warm-up, in MB per minute: the Theil-Sen estimate (median of
+    the slopes between every two samples), which a one-off step (an allocator arena growing
+    once) barely moves while a leak's steady growth shows in full."""
+    if len(series) < 3:
+        return None
+    t_end = series[-1][0]
+    start = max(_WARMUP_S, _WARMUP_FRACTION * t_end)
+    points = [(t, rss) for t, rss in series if t >= start]
+    if len(points) < 3:
+        points = list(series)
+    step = max(1, len(points) // _SLOPE_POINTS)
+    points = points[::step]
+    slopes = sorted(
+        (r2 - r1) / (t2 - t1)
+        for i, (t1, r1) in enumerate(points)
+        for t2, r2 in points[i + 1 :]
+        if t2 > t1
+    )
+    if not slopes:
+        return None
+    mid = len(slopes) // 2
+    median = slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2
+    return median * 60.0 / MB
+
+
+def load_baseline_p99(path: str | Path) -> float:
+    """The benign p99 (ms) of an earlier run's report (``slo.json`` or ``report.json``)."""
+    data = json.loads(Path(path).read_text())
+    value = data.get("numbers", {}).get("benign_p99_ms")
+    if not isinstance(value, int | float):
+        raise ValueError(f"{path}: no numbers.benign_p99_ms in this report")
+    return float(value)
+
+
+def _mb(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / MB:.1f} MB"
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} ms"
+
+
+def _limit(name: str, measured: float | None, limit: float | None, text: str, shown: str) -> Check:
+    if limit is None:
+        return Check(name, "-", shown, "skip")
+    if measured is None:
+        return Check(name, text, shown, "skip")
+    return Check(name, text, shown, "pass" if measured <= limit else "fail")
+
+
+def evaluate(data: RunData, th: Thresholds) -> Report:
+    p99 = percentile(data.benign_latency_ms, 0.99)
+    checks = [_limit("benign p99 latency", p99, th.p99_ms, f"<= {th.p99_ms:.0f} ms", _ms(p99))]
+    if p99 is None:
+        checks[0] = Check(checks[0].name, checks[0].threshold, "no benign requests", "fail")
+
+    errors = data.benign_failures + data.lookalike_failures
+    total = data.benign_requests + data.lookalike_requests
+    checks.append(
+        Check(
+            "benign errors",
+            f"<= {th.max_benign_errors}",
+            f"{errors} of {total}",
+            "pass" if errors <= th.max_benign_errors else "fail",
+        )
+    )
+
+    if data.attack_requests:
+        share = data.attack_rejected / data.attack_requests
+        checks.append(
+            Check(
+                "attacks rejected",
+                f">= {th.min_attack_rejected:.0%}",
+                f"{share:.1%} ({data.attack_rejected}/{data.attack_requests})",
+                "pass" if share >= th.min_attack_rejected else "fail",
+            )
+        )
+    else:
+        checks.append(
+            Check("attacks rejected", f">= {th.min_attack_rejected:.0%}", "none sent", "skip")
+        )
+
+    limit_g = th.max_guard_rss_mb
+    checks.append(
+        _limit(
+            "guard peak RSS",
+            None if data.guard_peak_rss is None else data.guard_peak_rss / MB,
+            limit_g,
+            f"<= {limit_g:.0f} MB" if limit_g is not None else "-",
+            _mb(data.guard_peak_rss),
+        )
+    )
+    limit_u = th.max_upstream_rss_mb
+    checks.append(
+        _limit(
+            "upstream peak RSS",
+            None if data.upstream_peak_rss is None else data.upstream_peak_rss / MB,
+            limit_u,
+            f"<= {limit_u:.0f} MB" if limit_u is not None else "-",
+            _mb(data.upstream_peak_rss),
+        )
+    )
+    if not th.require_upstream_alive:
+        checks.append(Check("upstream healthy at end", "-", data.upstream_status or "-", "skip"))
+    elif data.upstream_alive is None:
+        checks.append(Check("upstream healthy at end", "yes", "unknown", "skip"))
+    else:
+        checks.append(
+            Check(
+                "upstream healthy at end",
+                "yes",
+                data.upstream_status or ("yes" if data.upstream_alive else "no"),
+                "pass" if data.upstream_alive else "fail",
+            )
+        )
+
+    ratio: float | None = None
+    if th.baseline_p99_ms is not None and p99 is not None and th.baseline_p99_ms > 0:
+        ratio = p99 / th.baseline_p99_ms
+        checks.append(
+            Check(
+                "benign p99 / baseline",
+                f"<= {th.max_p99_ratio:.2f}x",
+                f"{ratio:.2f}x ({_ms(p99)} / {_ms(th.baseline_p99_ms)})",
+                "pass" if ratio <= th.max_p99_ratio else "fail",
+            )
+        )
+
+    slopes = {name: rss_slope_mb_per_min(s) for name, s in sorted(data.rss_series.items())}
+    if th.max_rss_slope_mb_per_min is not None:
+        for name, slope in slopes.items():
+            checks.append(
+                _limit(
+                    f"{name} RSS slope",
+                    slope,
+                    th.max_rss_slope_mb_per_min,
+                    f"<= {th.max_rss_slope_mb_per_min:g} MB/min",
+                    "n/a" if slope is None else f"{slope:+.2f} MB/min",
+                )
+            )
+
+    benign_rps = data.benign_requests / data.duration_s if data.duration_s else 0.0
+    all_requests = data.benign_requests + data.lookalike_requests + data.attack_requests
+    numbers: dict[str, Any] = {
+        "duration_s": round(data.duration_s, 1),
+        "benign_requests": data.benign_requests,
+        "benign_failures": data.benign_failures,
+        "benign_rps": round(benign_rps, 2),
+        "benign_p50_ms": percentile(data.benign_latency_ms, 0.5),
+        "benign_p95_ms": percentile(data.benign_latency_ms, 0.95),
+        "benign_p99_ms": p99,
+        "benign_p99_ratio": None if ratio is None else round(ratio, 3),
+        "lookalike_requests": data.lookalike_requests,
+        "lookalike_failures": data.lookalike_failures,
+        "ttft_p50_ms": percentile(data.ttft_ms, 0.5),
+        "ttft_p99_ms": percentile(data.ttft_ms, 0.99),
+        "itl_p50_ms": percentile(data.itl_ms, 0.5),
+        "itl_p99_ms": percentile(data.itl_ms, 0.99),
+        "attack_requests": data.attack_requests,
+        "attack_rejected": data.attack_rejected,
+        "attack_share_of_requests": (
+            round(data.attack_requests / all_requests, 3) if all_requests else 0.0
+        ),
+        "attacks_by_class": {
+            k: {"sent": v[0], "rejected": v[1]} for k, v in sorted(data.attacks_by_class.items())
+        },
+        "attacks_not_rejected": data.attack_failures[:50],
+        "benign_failure_samples": data.benign_failure_samples[:20],
+        "guard_peak_rss_mb": None
+        if data.guard_peak_rss is None
+        else round(data.guard_peak_rss / MB, 1),
+        "upstream_peak_rss_mb": (
+            None if data.upstream_peak_rss is None else round(data.upstream_peak_rss / MB, 1)
+        ),
+        "upstream_alive": data.upstream_alive,
+        "upstream_status": data.upstream_status,
+        "rss_slope_mb_per_min": {k: None if v is None else round(v, 3) for k, v in slopes.items()},
+        "rss_series_mb": {k: _thin(v) for k, v in sorted(data.rss_series.items())},
+        "guard_rejections_by_code": dict(sorted(data.guard_rejections.items())),
+        "client_codes": dict(sorted(data.client_codes.items())),
+        "target": data.target,
+    }
+    return Report(checks, numbers, th)
+
+
+def _thin(series: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
+    step = max(1, len(series) // _SERIES_POINTS)
+    return [(round(t, 1), round(rss / MB, 2)) for t, rss in series[::step]]
+
+
+def render_table(report: Report) -> str:
+    """The checks as a fixed-width table, then the main numbers."""
+    rows = [("SLO", "threshold", "measured", "status")]
+    rows += [(c.name, c.threshold, c.measured, c.status.upper()) for c in report.checks]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    line = "+".join("-" * (w + 2) for w in widths)
+    out = [f"+{line}+"]
+    for i, row in enumerate(rows):
+        out.append("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) + " |")
+        if i == 0:
+            out.append(f"+{line}+")
+    out.append(f"+{line}+")
+    n = report.numbers
+    out.append(
+        f"SLO gate: {'PASS' if report.passed else 'FAIL'}  |  benign {n['benign_requests']} req "
+        f"({n['benign_rps']}/s), p50 {_ms(n['benign_p50_ms'])}, p95 {_ms(n['benign_p95_ms'])}; "
+        f"TTFT p99 {_ms(n['ttft_p99_ms'])}, ITL p50 {_ms(n['itl_p50_ms'])}; "
+        f"attacks {n['attack_requests']} ({n['attack_share_of_requests']:.0%} of requests)"
+    )
+    if n["guard_rejections_by_code"]:
+        codes = ", ".join(
+            f"{k} {v:g}"
+            for k, v in sorted(n["guard_rejections_by_code"].items(), key=lambda kv: -kv[1])
+        )
+        out.append(f"guard rejections by code: {codes}")
+    if n["attacks_not_rejected"]:
+        out.append("attacks not rejected: " + "; ".join(n["attacks_not_rejected"][:8]))
+    if n["benign_failure_samples"]:
+        out.append("benign failures: " + "; ".join(n["benign_failure_samples"][:5]))
+    return "\n".join(out)

@@ -1,0 +1,450 @@
+"""``schedguard load``: benign and attack traffic through the guard with locust, gated by SLOs.
+
+Starts the reference scheduler (``--upstream-profile``, under a memory cap, with a simulated GPU
+cost model so that latencies, time to first token and inter-token gaps look like a real
+server's) and the guard in front of it (``loadtests/policy.yaml``), or targets ``--host``; runs
+``loadtests/locustfile.py`` in a locust subprocess (gevent's monkey-patching stays there);
+writes locust's CSV, HTML and JSON reports and the SLO report to ``--out``; prints the SLO
+table; exits 0 when every SLO holds, 1 when one fails, 2 when the run could not happen.
+``--no-guard`` sends the same traffic straight at the upstream, for the contrast.
+
+``python -m schedguard._load_cli upstream ...`` is the upstream it starts: ``schedguard ref``
+plus the cost model (the engine sleeps the simulated step time, as a GPU would take it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COSTS", "add_parser", "locust_argv", "run", "split_users", "upstream_main"]
+
+# Simulated step times (seconds): a decode step of a mid-size model on one GPU takes ~12 ms plus
+# a little per sequence in the batch; prefill runs at ~20k tokens/s.
+COSTS: dict[str, dict[str, float]] = {
+    "gpu": {"step_overhead_s": 0.012, "decode_s_per_seq": 0.0002, "prefill_s_per_token": 0.00005},
+    "none": {},
+}
+_START_TIMEOUT_S = 60.0
+_LOCUST_GRACE_S = 90.0
+MB = 1 << 20
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "load",
+        help="load-test the guard with benign and attack traffic (locust) and gate on SLOs",
+        description=(
+            "Start the reference scheduler and the guard in front of it (or target --host), run "
+            "locust with benign users and attackers replaying payloads/, write CSV, HTML and "
+            "JSON reports to --out, print the SLO table and exit 1 when an SLO fails. "
+            "Needs the `load` extra (locust)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--duration", type=_positive, default=60.0, help="seconds of load")
+    p.add_argument("--users", type=_count, default=10, help="benign users")
+    p.add_argument(
+        "--attack-share",
+        type=_fraction,
+        default=0.3,
+        help="share of the traffic that attacks: attackers are added beside the benign users",
+    )
+    p.add_argument("--upstream-profile", choices=("vulnerable", "hardened"), default="vulnerable")
+    p.add_argument("--out", default="out/load", help="directory for the reports")
+    p.add_argument("--host", help="target this running guard (or server) instead")
+    p.add_argument(
+        "--no-guard", action="store_true", help="send the traffic straight at the upstream"
+    )
+    p.add_argument("--ui", action="store_true", help="locust's web UI with the schedguard tab")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--shape", choices=("steady", "ramp", "spike", "burst"), default="steady")
+    p.add_argument("--user-rps", type=_positive, default=0.5, help="requests/s per user")
+    p.add_argument("--processes", type=int, default=0, help="locust worker processes (0: one)")
+    p.add_argument("--policy", help="guard policy (default: loadtests/policy.yaml)")
+    p.add_argument("--upstream-cost", choices=sorted(COSTS), default="gpu")
+    p.add_argument("--upstream-mem-limit-mb", type=_count, default=1024, help="RLIMIT_AS")
+    p.add_argument("--guard-mem-limit-mb", type=_count, default=2048, help="RLIMIT_AS")
+    p.add_argument("--baseline", help="slo.json of an earlier run: gate the benign p99 ratio")
+    p.add_argument("--p99-ms", type=_positive, help="benign p99 latency SLO")
+    p.add_argument("--max-p99-ratio", type=_positive, help="p99 / baseline p99 SLO")
+    p.add_argument("--max-guard-rss-mb", type=_positive, help="guard peak RSS SLO")
+    p.add_argument("--max-upstream-rss-mb", type=_positive, help="upstream peak RSS SLO")
+    p.add_argument("--max-rss-slope", type=_positive, help="RSS slope SLO, MB/min (soaks)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--web-port", type=int, default=8089, help="web UI port with --ui")
+    p.add_argument(
+        "--ui-linger",
+        type=float,
+        default=-1.0,
+        help="with --ui: seconds the UI stays after the run (-1: until Ctrl-C)",
+    )
+    p.add_argument(
+        "locust_args",
+        nargs=argparse.REMAINDER,
+        help="after --: more locust arguments (e.g. -- --flood-burst 40)",
+    )
+
+
+def split_users(benign: int, attack_share: float) -> tuple[int, int]:
+    """(benign, attackers) so that attackers make ``attack_share`` of all users."""
+    if attack_share <= 0:
+        return benign, 0
+    attackers = max(1, round(benign * attack_share / (1.0 - attack_share)))
+    return benign, attackers
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    guard_url: str | None
+    upstream_url: str | None
+    guard_pid: int | None
+    upstream_pid: int | None
+
+
+def locust_argv(args: argparse.Namespace, target: Target, out: Path) -> list[str]:
+    """The locust command line for ``args`` against ``target``."""
+    import loadtests
+
+    benign, attackers = split_users(args.users, args.attack_share)
+    total = benign + attackers
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(Path(loadtests.__file__).with_name("locustfile.py")),
+        "--host",
+        target.host,
+        "-u",
+        str(total),
+        "-r",
+        str(total),
+        "-t",
+        f"{math.ceil(args.duration)}s",
+        "--csv",
+        str(out / "locust"),
+        "--html",
+        str(out / "report.html"),
+        "--json-file",
+        str(out / "locust"),  # locust adds .json
+        "--only-summary",
+        "--loglevel",
+        "WARNING",
+        "--attack-share",
+        repr(attackers / total),
+        "--shape",
+        args.shape,
+        "--user-rps",
+        repr(args.user_rps),
+        "--upstream-profile",
+        args.upstream_profile if not args.host else "any",
+        "--seed",
+        str(args.seed),
+        "--slo-json",
+        str(out / "slo.json"),
+    ]
+    if args.ui:
+        cmd += ["--autostart", "--web-host", "127.0.0.1", "--web-port", str(args.web_port)]
+        if args.ui_linger >= 0:
+            cmd += ["--autoquit", str(int(args.ui_linger))]
+    else:
+        cmd.append("--headless")
+    if args.processes:
+        cmd += ["--processes", str(args.processes)]
+    for flag, value in (
+        ("--guard-url", target.guard_url),
+        ("--upstream-url", target.upstream_url),
+        ("--guard-pid", target.guard_pid),
+        ("--upstream-pid", target.upstream_pid),
+        ("--slo-baseline", args.baseline),
+        ("--slo-p99-ms", args.p99_ms),
+        ("--slo-max-p99-ratio", args.max_p99_ratio),
+        ("--slo-max-guard-rss-mb", args.max_guard_rss_mb),
+        ("--slo-max-upstream-rss-mb", args.max_upstream_rss_mb),
+        ("--slo-max-rss-slope", args.max_rss_slope),
+    ):
+        if value:
+            cmd += [flag, str(value)]
+    extra = list(args.locust_args or [])
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    return cmd + extra
+
+
+def _err(message: str) -> None:
+    print(f"schedguard load: {message}", file=sys.stderr, flush=True)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("locust") is None:
+        _err("locust is not installed: pip install 'schedguard[load]'")
+        return 2
+    if args.host and args.no_guard:
+        _err("--no-guard starts its own upstream; it cannot be combined with --host")
+        return 2
+    from schedguard._servers import RunningServer, ServerStartError
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("slo.json", "report.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (out / stale).unlink()
+    servers: list[RunningServer] = []
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        try:
+            target = _start_servers(args, servers)
+        except (ServerStartError, OSError) as exc:
+            _err(f"could not start the servers: {exc}")
+            return 2
+        cmd = locust_argv(args, target, out)
+        (out / "command.txt").write_text(" ".join(cmd) + "\n")
+        if args.ui:
+            print(
+                f"schedguard load: dashboard on http://127.0.0.1:{args.web_port}/ "
+                f"(tab 'schedguard') and http://127.0.0.1:{args.web_port}/schedguard",
+                file=sys.stderr,
+                flush=True,
+            )
+        code = _run_locust(cmd, out, None if args.ui else args.duration + _LOCUST_GRACE_S)
+        return _finish(args, out, servers, code)
+    finally:
+        for server in reversed(servers):
+            _save_log(server, out)
+            server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _start_servers(args: argparse.Namespace, servers: list[Any]) -> Target:
+    from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard_argv
+
+    if args.host:
+        host = args.host.rstrip("/")
+        return Target(host, host, None, None, None)
+    bind = "127.0.0.1"
+    ports = {"upstream": free_port(bind), "guard": free_port(bind)}
+    upstream_spec = ServerSpec(
+        "upstream",
+        lambda p, h: [
+            sys.executable,
+            "-m",
+            "schedguard._load_cli",
+            "upstream",
+            "--profile",
+            args.upstream_profile,
+            "--host",
+            h,
+            "--port",
+            str(p["upstream"]),
+            "--cost",
+            args.upstream_cost,
+        ],
+    )
+    upstream = RunningServer(
+        upstream_spec,
+        ports,
+        bind,
+        mem_limit_bytes=args.upstream_mem_limit_mb * MB,
+        sample_interval_s=0.2,
+    )
+    servers.append(upstream)
+    upstream.wait_ready(_START_TIMEOUT_S)
+    if args.no_guard:
+        return Target(upstream.url, None, upstream.url, None, upstream.proc.pid)
+    import loadtests
+
+    policy = args.policy or str(Path(loadtests.__file__).with_name("policy.yaml"))
+    guard_spec = ServerSpec(
+        "guard",
+        lambda p, h: schedguard_argv(
+            "serve",
+            "--upstream",
+            f"http://{h}:{p['upstream']}",
+            "--policy",
+            policy,
+            "--host",
+            h,
+            "--port",
+            str(p["guard"]),
+            "--log-level",
+            "warning",
+        ),
+        health_path="/readyz",
+    )
+    guard = RunningServer(
+        guard_spec,
+        ports,
+        bind,
+        mem_limit_bytes=args.guard_mem_limit_mb * MB,
+        sample_interval_s=0.2,
+    )
+    servers.append(guard)
+    guard.wait_ready(_START_TIMEOUT_S)
+    return Target(guard.url, guard.url, upstream.url, guard.proc.pid, upstream.proc.pid)
+
+
+def _run_locust(cmd: Sequence[str], out: Path, timeout_s: float | None) -> int:
+    with open(out / "locust.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _err(f"locust did not finish within {timeout_s:g} s; stopping it")
+            return _stop(proc)
+        except KeyboardInterrupt:
+            # Ctrl-C: locust stops, runs the gate and writes its reports; then report as usual.
+            return _stop(proc)
+        except BaseException:
+            _stop(proc)
+            raise
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    # SIGINT first: locust then writes its reports and runs the SLO gate.
+    with contextlib.suppress(OSError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def _save_log(server: Any, out: Path) -> None:
+    with contextlib.suppress(OSError):
+        (out / f"{server.spec.name}.log").write_text(server.log_tail(200_000))
+
+
+def _servers_info(servers: Sequence[Any]) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    for s in servers:
+        s.sampler.sample_now()
+        info[s.spec.name] = {
+            "url": s.url,
+            "pid": s.proc.pid,
+            "peak_rss_mb": round(s.sampler.peak_bytes / MB, 1),
+            "exit": s.exit_description() if s.proc.poll() is not None else "running",
+            "died_of_memory": s.died_of_memory() if s.proc.poll() is not None else False,
+        }
+    return info
+
+
+def _finish(args: argparse.Namespace, out: Path, servers: Sequence[Any], code: int) -> int:
+    from loadtests.slo import Report, render_table
+
+    slo_path = out / "slo.json"
+    if not slo_path.exists():
+        _err(f"locust exited {code} without an SLO report; see {out / 'locust.log'}")
+        with contextlib.suppress(OSError):
+            sys.stderr.write((out / "locust.log").read_text()[-3000:])
+        return 2
+    data = json.loads(slo_path.read_text())
+    report = Report.from_dict(data)
+    servers_info = _servers_info(servers)
+    for name, info in servers_info.items():
+        # This process sampled every 0.2 s: it sees the spike of a server that died of memory
+        # between two of locust's samples.
+        report = report.with_peak_rss(name, int(info["peak_rss_mb"] * MB))
+    full = {
+        **report.to_dict(),
+        "servers": servers_info,
+        "mode": "no-guard" if args.no_guard else ("host" if args.host else "guard"),
+        "files": {
+            "slo": str(slo_path),
+            "html": str(out / "report.html"),
+            "csv": str(out / "locust_stats.csv"),
+            "locust_json": str(out / "locust.json"),
+            "log": str(out / "locust.log"),
+        },
+    }
+    (out / "report.json").write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
+    if args.json:
+        sys.stdout.write(json.dumps(full, indent=2, sort_keys=True) + "\n")
+    else:
+        print(render_table(report))
+        for name, s in servers_info.items():
+            print(f"{name}: {s['url']} pid {s['pid']}, peak RSS {s['peak_rss_mb']} MB, {s['exit']}")
+        print(f"reports: {out}/ (report.html, locust_stats.csv, locust.json, slo.json)")
+    sys.stdout.flush()
+    if code not in (0, 1):
+        _err(f"locust exited {code}; see {out / 'locust.log'}")
+        return 2
+    return 0 if report.passed else 1
+
+
+# ------------------------------------------------------------------------------ upstream
+
+
+def upstream_main(argv: Sequence[str]) -> int:
+    """The reference scheduler with a cost model (``schedguard ref`` otherwise)."""
+    parser = argparse.ArgumentParser(prog="python -m schedguard._load_cli upstream")
+    parser.add_argument("--profile", choices=("vulnerable", "hardened"), default="vulnerable")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--cost", choices=sorted(COSTS), default="gpu")
+    args = parser.parse_args(argv)
+
+    import uvicorn
+
+    from schedguard._oom import exit_on_memory_error
+    from scheduler_ref.config import CostModel, SchedulerConfig
+    from scheduler_ref.profiles import get_profile
+    from scheduler_ref.server import create_app
+
+    profile = get_profile(args.profile)
+    config = SchedulerConfig.for_profile(profile, cost=CostModel(**COSTS[args.cost]))
+    app = create_app(profile, config)
+    exit_on_memory_error(app)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["upstream"]:
+        sys.exit(upstream_main(sys.argv[2:]))
+    sys.exit("usage: python -m schedguard._load_cli upstream --port P [--profile P] [--cost C]")

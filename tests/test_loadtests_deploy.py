@@ -1,0 +1,158 @@
+"""docs/deploy/: the Grafana dashboard and the Prometheus alert rules name only metrics the
+guard exports, and the compose and Kubernetes examples put the guard in front of vLLM."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from guard.app import create_app
+from guard.policy import load_policy
+
+DEPLOY = Path(__file__).resolve().parent.parent / "docs" / "deploy"
+# Series Prometheus makes itself, not the guard.
+PROMETHEUS_OWN = {"up"}
+_SELECTOR = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?=\{|\[)")
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "gauge": ("",),
+    "summary": ("", "_count", "_sum", "_created"),
+}
+
+
+@pytest.fixture(scope="module")
+def exported() -> set[str]:
+    """Every series name the guard's /metrics exposes, after some traffic."""
+    policy = load_policy(None, {})
+    app = create_app(policy, upstream_url="http://127.0.0.1:9")
+    with TestClient(app) as client:
+        client.get("/healthz")
+        client.post("/v1/completions", json={"model": "m", "prompt": "hi", "n": 1000000})
+        text = client.get("/metrics").text
+    names: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + s for s in _SUFFIXES.get(family.type, ("",)))
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+def _exprs(obj: Any) -> Iterator[str]:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key == "expr" and isinstance(value, str):
+                yield value
+            else:
+                yield from _exprs(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            yield from _exprs(item)
+
+
+def _metric_names(expr: str) -> set[str]:
+    found = set(_SELECTOR.findall(expr))
+    found.update(re.findall(r"\bschedguard_[a-z0-9_]+\b", expr))
+    return found
+
+
+def _dashboard() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    return data
+
+
+def _alerts() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((DEPLOY / "prometheus-alerts.yml").read_text())
+    return data
+
+
+@pytest.mark.parametrize("source", ["dashboard", "alerts"])
+def test_every_metric_name_is_exported_by_the_guard(source: str, exported: set[str]) -> None:
+    doc = _dashboard() if source == "dashboard" else _alerts()
+    exprs = list(_exprs(doc))
+    assert len(exprs) >= 6
+    used = set().union(*(_metric_names(e) for e in exprs))
+    assert any(n.startswith("schedguard_") for n in used)
+    missing = sorted(used - exported - PROMETHEUS_OWN)
+    assert missing == [], f"{source} uses metrics the guard does not export: {missing}"
+
+
+def test_dashboard_has_the_slo_panels() -> None:
+    dash = _dashboard()
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    titles = " | ".join(p["title"] for p in panels)
+    for wanted in ("P95 latency", "Error rate", "Saturation", "Rejections by code"):
+        assert wanted in titles
+    for p in panels:
+        assert p["targets"] and all(t["expr"] and t["refId"] for t in p["targets"])
+        assert p["datasource"]["uid"] == "${datasource}"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    rejections = next(p for p in panels if p["title"] == "Rejections by code")
+    assert "sum by (code)" in rejections["targets"][0]["expr"]
+
+
+def test_alert_rules_are_complete() -> None:
+    rules = [r for g in _alerts()["groups"] for r in g["rules"]]
+    assert len(rules) >= 5
+    for rule in rules:
+        assert rule["alert"] and rule["expr"] and rule["for"]
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"}
+        assert rule["annotations"]["summary"]
+    assert len({r["alert"] for r in rules}) == len(rules)
+
+
+def test_compose_puts_the_guard_in_front_of_vllm() -> None:
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    services = compose["services"]
+    guard, vllm = services["guard"], services["vllm"]
+    assert "ports" not in vllm  # reachable only through the guard
+    assert compose["networks"]["internal"]["internal"] is True
+    assert guard["command"][:2] == ["--upstream", "http://vllm:8000"]
+    assert "--port=8000" in vllm["command"]
+    assert guard["depends_on"]["vllm"]["condition"] == "service_healthy"
+    assert guard["build"]["dockerfile"] == "Dockerfile"
+    assert (DEPLOY / guard["build"]["context"] / "Dockerfile").is_file()
+    policy_mount = guard["environment"]["SCHEDGUARD_POLICY"]
+    assert any(v.split(":")[1] == policy_mount for v in guard["volumes"])
+    assert guard["read_only"] is True and guard["cap_drop"] == ["ALL"]
+    prometheus = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    assert prometheus["scrape_configs"][0]["static_configs"][0]["targets"] == ["guard:8080"]
+    mounted = {v.split(":")[1] for v in services["prometheus"]["volumes"]}
+    assert set(prometheus["rule_files"]) <= mounted
+    for volume in services["grafana"]["volumes"]:
+        assert (DEPLOY / volume.split(":")[0]).is_file()
+
+
+def test_kubernetes_sidecar(tmp_path: Path) -> None:
+    docs = list(yaml.safe_load_all((DEPLOY / "k8s-sidecar.yaml").read_text()))
+    kinds = {d["kind"]: d for d in docs}
+    assert set(kinds) == {"ConfigMap", "Deployment", "Service"}
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    vllm, guard = containers["vllm"], containers["guard"]
+    assert "--host=127.0.0.1" in vllm["args"] and "--port=8000" in vllm["args"]
+    assert guard["args"] == ["--upstream", "http://127.0.0.1:8000"]
+    assert guard["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert guard["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    sc = guard["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"]
+    assert not sc["allowPrivilegeEscalation"]
+    port_name = guard["ports"][0]["name"]
+    assert kinds["Service"]["spec"]["ports"][0]["targetPort"] == port_name
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(kinds["ConfigMap"]["data"]["policy.yaml"])
+    load_policy(str(policy), {})  # valid, or PolicyError naming the field
+
+
+def test_example_policy_is_valid() -> None:
+    policy = load_policy(str(DEPLOY / "policy.yaml"), {})
+    assert policy.limits.tokens.context_length == 8192
+    assert all(k.key is None for k in policy.keys)  # digests only, no secrets

@@ -1,0 +1,270 @@
+"""loadtests end to end: ``schedguard load`` with its own servers, and locust distributed (a
+master with two workers) against a guard in front of the vulnerable reference scheduler.
+
+locust (and gevent's monkey-patching) only ever runs in subprocesses. The vulnerable upstream
+runs under RLIMIT_AS (schedguard._servers / guard.isolation). Runs are a few seconds each.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+import loadtests
+from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard_argv
+
+LOCUSTFILE = str(Path(loadtests.__file__).with_name("locustfile.py"))
+POLICY = str(Path(loadtests.__file__).with_name("policy.yaml"))
+MB = 1 << 20
+
+# find_spec, not importorskip: importing locust would monkey-patch this pytest process.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("locust") is None, reason="the load extra (locust) is not installed"
+)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, RunningServer]]:
+    """The vulnerable reference scheduler (GPU cost model) and the guard in front of it."""
+    host = "127.0.0.1"
+    ports = {"upstream": free_port(host), "guard": free_port(host)}
+    upstream = RunningServer(
+        ServerSpec(
+            "upstream",
+            lambda p, h: [
+                sys.executable,
+                "-m",
+                "schedguard._load_cli",
+                "upstream",
+                "--profile",
+                "vulnerable",
+                "--host",
+                h,
+                "--port",
+                str(p["upstream"]),
+            ],
+        ),
+        ports,
+        host,
+        mem_limit_bytes=1024 * MB,
+        sample_interval_s=0.2,
+    )
+    guard = None
+    try:
+        upstream.wait_ready(60)
+        guard = RunningServer(
+            ServerSpec(
+                "guard",
+                lambda p, h: schedguard_argv(
+                    "serve",
+                    "--upstream",
+                    f"http://{h}:{p['upstream']}",
+                    "--policy",
+                    POLICY,
+                    "--host",
+                    h,
+                    "--port",
+                    str(p["guard"]),
+                    "--log-level",
+                    "warning",
+                ),
+                health_path="/readyz",
+            ),
+            ports,
+            host,
+            mem_limit_bytes=2048 * MB,
+            sample_interval_s=0.2,
+        )
+        guard.wait_ready(60)
+        yield {"upstream": upstream, "guard": guard}
+    finally:
+        if guard is not None:
+            guard.stop()
+        upstream.stop()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def test_schedguard_load_runs_gates_and_reports(tmp_path: Path) -> None:
+    """The command starts both servers, runs locust headless, writes every report, passes the
+    gate (exit 0) and leaves nothing running."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            *schedguard_argv("load"),
+            "--duration",
+            "8",
+            "--users",
+            "3",
+            "--attack-share",
+            "0.4",
+            "--user-rps",
+            "1",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["passed"] is True and report["mode"] == "guard"
+    n = report["numbers"]
+    assert n["benign_requests"] > 0 and n["benign_failures"] == 0
+    assert n["attack_requests"] > 0 and n["attack_rejected"] == n["attack_requests"]
+    assert n["guard_rejections_by_code"]  # scraped from the guard's /metrics
+    assert n["guard_peak_rss_mb"] > 0 and n["upstream_peak_rss_mb"] > 0
+    assert n["ttft_p99_ms"] is not None  # streams were timed
+    for name in ("report.html", "locust_stats.csv", "locust.json", "slo.json", "report.json"):
+        assert (out / name).stat().st_size > 0, name
+    assert {s["exit"] for s in report["servers"].values()} == {"running"}
+    deadline = time.monotonic() + 5
+    while not all(_gone(s["pid"]) for s in report["servers"].values()):
+        assert time.monotonic() < deadline, "servers left running"
+        time.sleep(0.1)  # polling for the children's exit, not timing a test
+
+
+def _poll_json(client: httpx.Client, url: str, ok: Any, deadline: float) -> Any:
+    while time.monotonic() < deadline:
+        try:
+            data = client.get(url).json()
+            if ok(data):
+                return data
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)  # waiting for locust to start and users to report
+    raise AssertionError(f"{url} never satisfied the condition")
+
+
+def test_distributed_master_two_workers_with_dashboard(
+    servers: dict[str, RunningServer], tmp_path: Path
+) -> None:
+    """``--master`` and two ``--worker`` on localhost with the same locustfile: both workers
+    run users, the master's web UI has the schedguard tab and status, and the master's gate sees
+    the workers' stats and tallies."""
+    guard, upstream = servers["guard"], servers["upstream"]
+    master_port, web_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    slo_json = tmp_path / "slo.json"
+    master = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            LOCUSTFILE,
+            "--master",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            str(master_port),
+            "--expect-workers",
+            "2",
+            "--autostart",
+            "--autoquit",
+            "0",
+            "-t",
+            "7s",
+            "-u",
+            "6",
+            "-r",
+            "6",
+            "--host",
+            guard.url,
+            "--web-host",
+            "127.0.0.1",
+            "--web-port",
+            str(web_port),
+            "--attack-share",
+            "0.34",
+            "--user-rps",
+            "1",
+            "--guard-url",
+            guard.url,
+            "--upstream-url",
+            upstream.url,
+            "--guard-pid",
+            str(guard.proc.pid),
+            "--upstream-pid",
+            str(upstream.proc.pid),
+            "--slo-json",
+            str(slo_json),
+            "--only-summary",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                LOCUSTFILE,
+                "--worker",
+                "--master-host",
+                "127.0.0.1",
+                "--master-port",
+                str(master_port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(2)
+    ]
+    try:
+        base = f"http://127.0.0.1:{web_port}"
+        deadline = time.monotonic() + 40
+        with httpx.Client(timeout=3) as client:
+            stats = _poll_json(
+                client,
+                base + "/stats/requests",
+                lambda d: (
+                    len(d.get("workers", [])) == 2
+                    and all(w["user_count"] > 0 for w in d["workers"])
+                ),
+                deadline,
+            )
+            assert stats["extended_stats"][0]["key"] == "schedguard"
+            status = _poll_json(
+                client,
+                base + "/schedguard/status",
+                lambda d: d["guard"]["peak_rss_mb"] and d["rejections"],
+                deadline,
+            )
+            assert status["upstream"]["alive"] is True and "slo" in status
+            index = client.get(base + "/").text
+            assert '"extended_tabs": [{"key": "schedguard"' in index
+            assert "<svg" in client.get(base + "/schedguard").text
+        output, _ = master.communicate(timeout=60)
+    finally:
+        for p in (master, *workers):
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+    assert master.returncode == 0, output[-3000:]
+    assert "SLO gate: PASS" in output
+    report = json.loads(slo_json.read_text())
+    n = report["numbers"]
+    assert n["benign_requests"] > 0 and n["attack_requests"] > 0
+    assert n["attack_rejected"] == n["attack_requests"]
+    assert n["client_codes"]  # the workers' tallies reached the master
+    assert all(w.returncode == 0 for w in workers)
