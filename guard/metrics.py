@@ -23,6 +23,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -112,6 +113,9 @@ class GuardMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        if registry is None:
+            # process_resident_memory_bytes etc.: the dashboard's memory panel and RSS alerts.
+            ProcessCollector(registry=r)
         self.requests = Counter(
             "schedguard_guard_requests",
             "Requests answered, by route and HTTP status (499: the client left).",
