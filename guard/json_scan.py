@@ -130,7 +130,7 @@ def parse_json_body(body: bytes, limits: JsonLimits) -> Any:
     number = pattern.find_long_number(scan, limits.max_number_chars)
     container = pattern.find_container(scan, limits.max_containers + 1)
     stop = min((x for x in (number, container) if x >= 0), default=len(scan))
-    found = structure.run(scan, stop)
+    found = None if _within_structure_limits(scan, limits) else structure.run(scan, stop)
     if found is not None and found.kind == "unverified_string":
         scan = _verify_long_strings(scan, body, limits, structure, stop)
         found = structure.run(scan, stop)
@@ -156,6 +156,19 @@ def parse_json_body(body: bytes, limits: JsonLimits) -> Any:
                 param=locate.format_path(path),
             )
     return value
+
+
+def _within_structure_limits(scan: bytes, limits: JsonLimits) -> bool:
+    """Whether counting bytes alone proves the structural scan would find nothing, so a small
+    body skips it (its fixed cost is several times a small body's parse). Each count bounds
+    what the scan measures from above, strings included: nesting depth by the opening
+    brackets, members of any one container by the commas plus one, a string's length by the
+    body's. Bodies over the bounds are scanned as before."""
+    if len(scan) > limits.max_string_bytes:
+        return False
+    if scan.count(b"[") + scan.count(b"{") > limits.max_depth:
+        return False
+    return scan.count(b",") < max(limits.max_array_length, limits.max_keys_per_object)
 
 
 _LEVELS = frozenset(f"level{i}" for i in range(1, pattern.MAX_SUPPORTED_DEPTH + 1))

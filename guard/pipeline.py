@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from guard._policy_models import Policy
+from guard._policy_models import KeyEntry, Policy
 from guard.checks import CHECKS, CheckFn, Mutation, apply_mutations
 from guard.errors import GuardError, NotFound
 from guard.json_scan import parse_json_body
@@ -132,7 +132,8 @@ def run_checks(
             return _verdict(False, result.rejection, costs, mutations, durations, view)
         if result.costs:
             costs.update(result.costs)
-        mutations.extend(result.mutations)
+        if result.mutations:
+            mutations.extend(result.mutations)
     return _verdict(True, None, costs, mutations, durations, view)
 
 
@@ -154,6 +155,13 @@ def _verdict(
     )
 
 
+class _Unresolved:
+    """The key has not been resolved yet (``None`` is a resolved anonymous caller)."""
+
+
+_UNRESOLVED = _Unresolved()
+
+
 def evaluate_body(
     raw: bytes,
     path: str,
@@ -161,8 +169,26 @@ def evaluate_body(
     policy: Policy,
     *,
     method: str = "POST",
+    key: KeyEntry | _Unresolved | None = _UNRESOLVED,
 ) -> Verdict:
-    """Route, key, bounded parse and checks for one request body; never raises."""
+    """Route, key, bounded parse and checks for one request body; never raises.
+
+    A caller that has resolved the key already (:func:`~guard.request_view.resolve_key`, as
+    the gateway does before reading the body) passes it as ``key`` (``None``: anonymous) with
+    ``headers`` as :func:`~guard.request_view.normalise_headers` returned them, so that
+    neither is done twice.
+    """
+    return _evaluate(raw, path, headers, policy, method, key)
+
+
+def _evaluate(
+    raw: bytes,
+    path: str,
+    headers: HeadersLike,
+    policy: Policy,
+    method: str,
+    key: KeyEntry | _Unresolved | None,
+) -> Verdict:
     durations: dict[str, float] = {}
     costs: dict[str, int] = {"body_bytes": len(raw)}
     clock = time.perf_counter
@@ -172,8 +198,11 @@ def evaluate_body(
         clean_path = path.split("?", 1)[0]
         if clean_path not in policy.allowed_routes:
             raise NotFound(ROUTE_NOT_ALLOWED, f"{clean_path[:200]} is not served by this guard")
-        pairs = normalise_headers(headers)
-        key = resolve_key(pairs, policy)
+        if isinstance(key, _Unresolved):
+            pairs = normalise_headers(headers)
+            key = resolve_key(pairs, policy)
+        else:
+            pairs = headers  # type: ignore[assignment]  # normalised by the caller
         method = method.upper()
         if method in _BODYLESS and not raw.strip():
             body: Any = None

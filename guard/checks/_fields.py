@@ -39,6 +39,10 @@ _MAX_LAX_STR = 64
 def lax_int(value: Any) -> int | None:
     """``value`` as an int the way a lenient upstream would read it, rounded away from zero;
     ``None`` when no upstream would read it as a number."""
+    if value is None:  # the common case: the field is absent
+        return None
+    if type(value) is int:
+        return value
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):

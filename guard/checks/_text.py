@@ -82,7 +82,8 @@ def _content(unit: PromptUnit, path: Path, content: Any) -> None:
         unit.add(path, content)
     elif isinstance(content, list):
         for j, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in _TEXT_PARTS:
                 unit.add((*path, j, "text"), part.get("text"))
 
 

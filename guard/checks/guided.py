@@ -1,22 +1,76 @@
 """The guided-decoding check: delegates to :func:`guard.guided.check_guided_decoding` with the
 policy's ``limits.guided`` (regexes, JSON schemas, grammars, choice lists).
 
+Most requests carry no constraint at all. The top-level fields the delegate reads are learnt
+once, by running it on an empty body that records every lookup (:func:`_fields_read`); a body
+holding none of them gets exactly the delegate's answer on an empty body, a pass, without the
+call. If the delegate ever reads the body other than by key (iterating it, say), nothing is
+learnt and every body goes through it.
+
 Codes: ``guided_*`` (see :mod:`guard.guided`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 from guard._policy_models import Policy
 from guard.checks._result import CheckResult, pure_check
-from guard.guided import check_guided_decoding
+from guard.guided import GuidedLimits, check_guided_decoding
 from guard.request_view import RequestView
 
 __all__ = ["check_guided"]
 
 
+class _Probe(Mapping[str, Any]):
+    """An empty mapping that records the keys looked up and whether it was read otherwise."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.opaque = False
+
+    def __getitem__(self, key: str) -> Any:
+        self.seen.add(key)
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.seen.add(key)
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.seen.add(key)
+        return False
+
+    def __iter__(self) -> Iterator[str]:
+        self.opaque = True
+        return iter(())
+
+    def __len__(self) -> int:
+        self.opaque = True
+        return 0
+
+
+def _fields_read() -> frozenset[str] | None:
+    """The top-level fields the delegate looks up in a body, or None if it reads it otherwise."""
+    probe = _Probe()
+    try:
+        check_guided_decoding(probe, GuidedLimits())
+    except Exception:  # pragma: no cover - an empty body passes; if not, learn nothing
+        return None
+    return None if probe.opaque else frozenset(probe.seen)
+
+
+_FIELDS = _fields_read()
+
+
 @pure_check
 def check_guided(view: RequestView, policy: Policy) -> CheckResult | None:
     body = view.obj
-    if body is not None:
-        check_guided_decoding(body, policy.guided_limits)
+    if body is None:
+        return None
+    if _FIELDS is not None and _FIELDS.isdisjoint(body):
+        return None
+    check_guided_decoding(body, policy.guided_limits)
     return None

@@ -87,7 +87,9 @@ def check_multimodal(view: RequestView, policy: Policy) -> CheckResult | None:
             if not isinstance(content, list):
                 continue
             for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") not in MEDIA_TYPES:
+                kind = part.get("type") if isinstance(part, dict) else None
+                # isinstance first: an unhashable "type" (a list) must not reach the set lookup.
+                if not isinstance(kind, str) or kind not in MEDIA_TYPES:
                     continue
                 parts += 1
                 path = (name, i, "content", j)
