@@ -50,4 +50,6 @@ def test_findings_still_reproduce_on_their_own_target(oracles: dict[str, Oracle]
     found = [f for f in FILES if "found" in f.parts and "vulnerable" in f.parent.name]
     for path in found[:4]:
         result = replay_file(Path(path), None, oracles)
-        assert result.reproduced, result.to_dict()
+        # Which budget goes first (time or memory) depends on how loaded the machine is: the
+        # corpus is stale only if the input no longer exhausts the target at all.
+        assert result.outcome is not None and result.outcome.is_finding, result.to_dict()

@@ -130,8 +130,11 @@ def test_kind_and_class_filters() -> None:
 @pytest.mark.parametrize("payload", CORPUS, ids=_ids(CORPUS))
 def test_payload_metadata(payload: Any) -> None:
     if payload.kind == "attack":
-        assert payload.expect.status >= 400 and payload.expect.code
-        assert payload.references, "cite the published case (THREATS.md) behind the attack"
+        assert payload.expect.status >= 400
+        if payload.source == "curated":
+            # Fuzz findings carry their measured cost instead; the guard e2e test checks them.
+            assert payload.expect.code
+            assert payload.references, "cite the published case (THREATS.md) behind the attack"
         if payload.source == "curated":
             assert payload.profiles.vulnerable and payload.profiles.hardened
     for ref in payload.references:
