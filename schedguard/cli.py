@@ -2,6 +2,12 @@
 
 schedguard ref --profile {vulnerable,hardened} [--host H] [--port P] [--log-level L]
 schedguard demo [--mem-limit-mb N] [--timeout-s S] [--json PATH] [--port-base P]
+schedguard serve [--upstream URL] [--policy FILE] [--host H] [--port P] [--workers N] [--redis URL]
+schedguard policy show [--policy FILE] [--json]
+schedguard load [--duration S] [--users N] [--attack-share F] [--upstream-profile P] [--out DIR]
+                [--host URL] [--no-guard] [--ui] [--json] ...
+schedguard fuzz list [--json] | run --target NAME [--engine E] [--duration S] [--out DIR] ...
+                | replay PATH... [--target NAME]
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+
+from schedguard import _fuzz_cli, _load_cli
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -89,7 +97,79 @@ def build_parser() -> argparse.ArgumentParser:
         help="first TCP port for the servers (one per server); 0 picks free ports",
     )
     demo.add_argument("--host", default="127.0.0.1", help="interface the servers bind")
+    _add_serve(sub)
+    _add_policy(sub)
+    _load_cli.add_parser(sub)
+    _fuzz_cli.add_parser(sub)
     return parser
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="run the guard: an OpenAI-compatible gateway in front of an LLM server",
+        description=(
+            "Run the guard. Without --upstream (and without upstream.url in the policy) the "
+            "reference scheduler (hardened profile) is started as an embedded upstream on a free "
+            "port and stopped with the guard. The policy is a YAML file overridable by "
+            "SCHEDGUARD_<SECTION>__<FIELD> environment variables; see `schedguard policy show`."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="base URL of the LLM server (overrides upstream.url); default: embedded reference",
+    )
+    serve.add_argument(
+        "--policy",
+        metavar="FILE",
+        default=None,
+        help="policy YAML file (default: $SCHEDGUARD_POLICY, else the built-in defaults)",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    serve.add_argument("--port", type=_port, default=8080, help="TCP port to bind")
+    serve.add_argument(
+        "--workers", type=_positive_int, default=1, help="worker processes (uvicorn)"
+    )
+    serve.add_argument(
+        "--redis",
+        metavar="URL",
+        help="share rate limits between replicas through Redis (overrides rate.redis_url)",
+    )
+    serve.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="uvicorn log level")
+    serve.add_argument(
+        "--upstream-mem-limit-mb",
+        type=_positive_int,
+        default=2048,
+        help="RLIMIT_AS of the embedded reference scheduler (MiB)",
+    )
+
+
+def _add_policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    policy = sub.add_parser(
+        "policy",
+        help="inspect the guard's policy",
+        description="Inspect the guard's policy.",
+    )
+    psub = policy.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+    show = psub.add_parser(
+        "show",
+        help="print the effective policy (file + SCHEDGUARD_* environment), validated",
+        description=(
+            "Print the effective policy: the file's values, then the SCHEDGUARD_* environment "
+            "overrides, every field present. API keys are shown as SHA-256 digests. Exits 2 "
+            "naming every invalid field."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    show.add_argument(
+        "--policy",
+        metavar="FILE",
+        default=None,
+        help="policy YAML file (default: $SCHEDGUARD_POLICY, else the built-in defaults)",
+    )
+    show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
 
 
 def _run_ref(args: argparse.Namespace) -> int:
@@ -130,12 +210,43 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo_cli(config, json_path=args.json)
 
 
+def _run_serve(args: argparse.Namespace) -> int:
+    from schedguard._serve import ServeOptions, serve
+
+    return serve(
+        ServeOptions(
+            upstream=args.upstream,
+            policy_path=args.policy,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            redis_url=args.redis,
+            log_level=args.log_level,
+            upstream_mem_limit_bytes=args.upstream_mem_limit_mb << 20,
+        )
+    )
+
+
+def _run_policy(args: argparse.Namespace) -> int:
+    from schedguard._serve import show_policy
+
+    return show_policy(args.policy, as_json=args.json)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "ref":
         return _run_ref(args)
     if args.command == "demo":
         return _run_demo(args)
+    if args.command == "serve":
+        return _run_serve(args)
+    if args.command == "policy":
+        return _run_policy(args)
+    if args.command == "load":
+        return _load_cli.run(args)
+    if args.command == "fuzz":
+        return _fuzz_cli.run(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse enforces choices
 
 

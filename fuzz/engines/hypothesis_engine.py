@@ -1,0 +1,388 @@
+"""The hypothesis engine: grammar strategies, ``target()`` on the measured cost.
+
+One property per target (:func:`make_property`): draw an input from the target's grammar
+(:func:`strategy_for`, built from :mod:`fuzz.strategies`), run it through a runner (the oracle,
+or an in-process measurement), report ``Cost.scalar()`` and the cost per byte to
+``hypothesis.target()`` so Hypothesis's targeted phase hill-climbs on them, and hand the outcome
+to a callback. The same property serves three drivers:
+
+- pytest: the callback asserts "no finding" and Hypothesis shrinks a counterexample
+  (``tests/test_fuzz_hypothesis.py``);
+- the campaign engine (:func:`run_engine`): the callback records findings through
+  :func:`fuzz.findings.record` and the property runs round after round (a fresh seed each, the
+  example database in ``out_dir``) until the duration is spent;
+- atheris (:func:`fuzz_one_input_for`): libFuzzer's bytes drive the property through
+  ``fuzz_one_input``; a finding raises, so libFuzzer saves it.
+
+:func:`scheduler_machine` is the scheduler-state target as a ``RuleBasedStateMachine``: each
+rule appends one op (submit, cancel, step, urgent submit, tick) and teardown runs the sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import hypothesis
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.strategies import SearchStrategy
+
+from fuzz import strategies as grammar
+
+if TYPE_CHECKING:
+    from fuzz.engines.atheris_engine import _Events
+    from fuzz.findings import EngineResult, Finding, FindingSet, Progress
+    from fuzz.oracle import Oracle, Outcome
+    from fuzz.targets._base import Budgets, Target
+
+__all__ = [
+    "ROUND_EXAMPLES",
+    "Runner",
+    "campaign_settings",
+    "fuzz_one_input_for",
+    "in_process_runner",
+    "make_property",
+    "run_engine",
+    "scheduler_machine",
+    "strategy_for",
+]
+
+Runner = Callable[[bytes], "Outcome"]
+OnOutcome = Callable[[bytes, "Outcome"], None]
+# Examples per campaign round: enough for the targeted phase to climb (Hypothesis suggests a
+# few hundred at least), few enough that rounds with fresh seeds keep the search broad.
+ROUND_EXAMPLES = 500
+_PROGRESS_EVERY_S = 0.5
+
+
+class _CampaignOver(BaseException):
+    """Ends a round at the deadline. A BaseException: Hypothesis lets it through at once
+    instead of treating it as a failing example to shrink."""
+
+
+# --------------------------------------------------------------------------------- strategies
+
+
+def strategy_for(target: Target) -> SearchStrategy[bytes]:
+    """Inputs for ``target`` in its own byte format, drawn from the matching grammar."""
+    max_size = int(getattr(target, "max_size", 4096))
+    name = target.name
+    if name.startswith("placeholder"):
+        from fuzz.targets.templates import join_placeholder_input
+
+        return st.tuples(
+            grammar.placeholder_templates(max_size=max_size), grammar.placeholder_variables()
+        ).map(lambda t: join_placeholder_input(t[0], t[1]))
+    if name.startswith("chat-template"):
+        return grammar.jinja_chat_templates(max_size=max_size).map(_utf8)
+    if name.startswith("guard"):
+        return _guard_requests()
+    if name.startswith("scheduler"):
+        return grammar.scheduler_ops(max_ops=max_size // 4)
+    seeds = target.seeds()
+    fallback = st.binary(max_size=max_size)
+    return st.one_of(st.sampled_from(seeds), fallback) if seeds else fallback
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _guard_requests() -> SearchStrategy[bytes]:
+    from fuzz.targets.gateway import join_request
+
+    def dump(body: dict[str, Any]) -> bytes:
+        return json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+    chat = grammar.chat_request_bodies().map(dump)
+    completion = grammar.completion_request_bodies().map(
+        lambda b: join_request(dump(b), "/v1/completions")
+    )
+    return st.one_of(chat, chat, completion, grammar.json_bombs())
+
+
+# ----------------------------------------------------------------------------------- property
+
+
+def make_property(
+    target: Target,
+    run: Runner,
+    on_outcome: OnOutcome,
+    *,
+    strategy: SearchStrategy[bytes] | None = None,
+) -> Callable[[], None]:
+    """A ``@given`` test over ``target``'s grammar (no settings applied: callers add them).
+
+    ``run`` measures one input; ``on_outcome(data, outcome)`` decides what a finding does
+    (assert, record or raise)."""
+    drawn = strategy_for(target) if strategy is None else strategy
+
+    @hypothesis.given(data=drawn)
+    def fuzz_property(data: bytes) -> None:
+        outcome = run(data)
+        hypothesis.target(outcome.cost.scalar(), label="cost")
+        hypothesis.target(outcome.cost.per_byte(len(data)), label="cost per byte")
+        hypothesis.event(f"verdict: {outcome.verdict}")
+        on_outcome(data, outcome)
+
+    fuzz_property.__name__ = f"fuzz_{target.name.replace('-', '_')}"
+    return fuzz_property
+
+
+def in_process_runner(target: Target, budgets: Budgets | None = None) -> Runner:
+    """Measure inputs in this process as the oracle's worker does (CPU timer at the wall
+    budget: main thread only). Only for targets that bound themselves, or inside a process
+    that is itself limited (the atheris harness)."""
+    import signal
+
+    from fuzz._worker import MemProbe, SoftTimeout, execute_one
+    from fuzz.oracle import classify
+
+    def on_timer(signum: int, frame: object) -> None:
+        raise SoftTimeout
+
+    signal.signal(signal.SIGPROF, on_timer)
+    probe = MemProbe()
+    b = target.budgets if budgets is None else budgets
+
+    def run(data: bytes) -> Outcome:
+        return classify(execute_one(target, data, probe, b.wall_s), b, len(data))
+
+    return run
+
+
+def campaign_settings(
+    *, max_examples: int, database: Path | None = None, shrink: bool = False
+) -> settings:
+    """Settings for fuzzing: no deadline (the oracle has budgets), no health checks (inputs are
+    meant to be slow and large), the targeted phase on."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+    if shrink:
+        phases.append(Phase.shrink)
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=DirectoryBasedExampleDatabase(str(database)) if database is not None else None,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        print_blob=False,
+        report_multiple_bugs=False,
+    )
+
+
+# ------------------------------------------------------------------------------------ atheris
+
+
+def fuzz_one_input_for(
+    target: Target, *, events: _Events | None = None, budgets: Budgets | None = None
+) -> Callable[[bytes], Any]:
+    """``fuzz_one_input`` of ``target``'s property, for atheris: a finding raises
+    :class:`~fuzz.engines.atheris_engine.CostFinding`."""
+    from fuzz.engines.atheris_engine import CostFinding
+
+    run = in_process_runner(target, budgets)
+
+    def on_outcome(data: bytes, outcome: Outcome) -> None:
+        if events is not None:
+            events.cost(outcome.cost.scalar())
+        if outcome.is_finding:
+            if events is not None:
+                events.finding(outcome)
+            raise CostFinding(f"{outcome.cause} cost={outcome.cost.to_dict()}")
+
+    prop = make_property(target, run, on_outcome)
+    configured = settings(
+        database=None, deadline=None, suppress_health_check=list(HealthCheck), print_blob=False
+    )(prop)
+    fn: Callable[[bytes], Any] = configured.hypothesis.fuzz_one_input  # type: ignore[attr-defined]
+    return fn
+
+
+# ----------------------------------------------------------------------------------- campaign
+
+
+def run_engine(
+    target: Target,
+    oracle_factory: Callable[[], Oracle],
+    *,
+    duration_s: float,
+    jobs: int = 1,
+    out_dir: Path | None = None,
+    seed: int | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    findings: FindingSet | None = None,
+    save_root: Path | None = None,
+    save: bool = True,
+    minimise_s: float = 20.0,
+    round_examples: int = ROUND_EXAMPLES,
+    stop_on_first: bool = False,
+    engine_name: str = "hypothesis",
+    **_: Any,
+) -> EngineResult:
+    """Run ``target``'s property round after round for ``duration_s`` seconds.
+
+    One job (Hypothesis runs one test at a time; ``jobs`` is recorded, not used). The example
+    database lives in ``out_dir/hypothesis-db`` when ``out_dir`` is given, so a later campaign
+    with the same ``out_dir`` starts from what this one kept.
+    """
+    from fuzz.findings import EngineResult, FindingSet, Progress, record
+
+    shared = findings if findings is not None else FindingSet()
+    start = time.monotonic()
+    deadline = start + duration_s
+    database = Path(out_dir) / "hypothesis-db" if out_dir is not None else None
+    oracle = oracle_factory()
+    mine: list[Finding] = []
+    state: dict[str, Any] = {"execs": 0, "best": 0.0, "first": None, "reported": 0.0}
+    best_over_time: list[tuple[float, float]] = []
+    errors: list[str] = []
+
+    def report(now: float) -> None:
+        if on_progress is None:
+            return
+        state["reported"] = now
+        on_progress(
+            Progress(
+                elapsed_s=now,
+                execs=state["execs"],
+                execs_per_s=state["execs"] / now if now > 0 else 0.0,
+                coverage=None,
+                best_cost=state["best"],
+                findings=len(mine),
+                engine=engine_name,
+            )
+        )
+
+    def on_outcome(data: bytes, outcome: Outcome) -> None:
+        now = time.monotonic() - start
+        state["execs"] += 1
+        scalar = outcome.cost.scalar()
+        if scalar > state["best"]:
+            state["best"] = scalar
+            best_over_time.append((now, scalar))
+        if outcome.is_finding:
+            if state["first"] is None:
+                state["first"] = now
+            found = record(
+                target,
+                data,
+                outcome,
+                engine_name,
+                oracle=oracle,
+                seen=shared,
+                found_after_s=now,
+                seed=seed,
+                minimise_s=minimise_s,
+                save_root=save_root,
+                save=save,
+            )
+            if found is not None:
+                mine.append(found)
+            if stop_on_first:
+                raise _CampaignOver
+        if now - state["reported"] >= _PROGRESS_EVERY_S:
+            report(now)
+
+    def run(data: bytes) -> Outcome:
+        if time.monotonic() >= deadline:
+            raise _CampaignOver
+        return oracle.run(data)
+
+    strategy = strategy_for(target)
+    base_seed = 0 if seed is None else seed
+    rounds = 0
+    try:
+        while time.monotonic() < deadline:
+            # A fresh test each round: Hypothesis allows one settings object per function.
+            prop = make_property(target, run, on_outcome, strategy=strategy)
+            configured = campaign_settings(max_examples=round_examples, database=database)(prop)
+            seeded = hypothesis.seed(base_seed * 1_000_003 + rounds)(configured)
+            rounds += 1
+            try:
+                seeded()
+            except _CampaignOver:
+                break
+            except Exception as exc:  # a harness error, not a finding: report it and stop
+                errors.append(f"{type(exc).__name__}: {exc}"[:500])
+                break
+    finally:
+        oracle.close()
+    elapsed = time.monotonic() - start
+    report(elapsed)
+    return EngineResult(
+        execs=state["execs"],
+        findings=mine,
+        best_cost_over_time=[*best_over_time, (elapsed, state["best"])],
+        coverage=None,
+        time_to_first_finding_s=state["first"],
+        engine=engine_name,
+        duration_s=elapsed,
+        extra={"rounds": rounds, "jobs_used": 1, "errors": errors},
+    )
+
+
+# ----------------------------------------------------------------------------- state machine
+
+
+def scheduler_machine(
+    run: Runner, on_outcome: OnOutcome, *, max_ops: int = 48
+) -> type[RuleBasedStateMachine]:
+    """The scheduler-state target as a state machine: rules append ops, teardown runs them.
+
+    The target checks its invariants after every op and liveness at the end, so one run of the
+    whole sequence checks every prefix; ``hypothesis.target()`` climbs on its cost (model work
+    per input byte shows amplification)."""
+
+    byte = st.integers(0, 255)
+
+    class SchedulerOps(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops = bytearray()
+            self.ops.append(0)  # configuration byte, set by the first rule that wants it
+            self.n = 0
+
+        def _add(self, op: bytes) -> None:
+            if self.n < max_ops:
+                self.ops += op
+                self.n += 1
+
+        @rule(conf=byte)
+        def configure(self, conf: int) -> None:
+            self.ops[0] = conf
+
+        @rule(length=byte, max_tokens=byte, priority=byte)
+        def submit(self, length: int, max_tokens: int, priority: int) -> None:
+            self._add(grammar.scheduler_op(grammar.SUBMIT, length, max_tokens, priority))
+
+        @rule(index=byte)
+        def cancel(self, index: int) -> None:
+            self._add(grammar.scheduler_op(grammar.CANCEL, index))
+
+        @rule(n=byte)
+        def step(self, n: int) -> None:
+            self._add(grammar.scheduler_op(grammar.STEP, n))
+
+        @rule(length=byte, max_tokens=byte)
+        def urgent(self, length: int, max_tokens: int) -> None:
+            self._add(grammar.scheduler_op(grammar.URGENT, length, max_tokens))
+
+        @rule(n=byte)
+        def tick(self, n: int) -> None:
+            self._add(grammar.scheduler_op(grammar.TICK, n))
+
+        def teardown(self) -> None:
+            data = bytes(self.ops)
+            outcome = run(data)
+            hypothesis.target(outcome.cost.per_byte(len(data)), label="cost per byte")
+            on_outcome(data, outcome)
+
+    return SchedulerOps
