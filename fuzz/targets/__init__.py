@@ -37,10 +37,14 @@ REGISTRY: dict[str, Target] = {
 FAILS_CI: frozenset[str] = frozenset({"hardened", "guard"})
 
 
+_LOADED: dict[str, Target] = {}
+
+
 def get_target(name: str) -> Target:
-    """The registered target ``name``, or ``package.module:Class`` (instantiated once and
-    registered under that name: how tests and plugins add targets the worker can import)."""
-    target = REGISTRY.get(name)
+    """The registered target ``name``, or ``package.module:Class`` (instantiated once and cached
+    under that name: how tests and plugins add targets the worker can import). Loaded targets
+    stay out of :data:`REGISTRY`, which lists only the built-in ones (CI layouts, ``fuzz list``)."""
+    target = REGISTRY.get(name) or _LOADED.get(name)
     if target is not None:
         return target
     module_name, colon, attr = name.partition(":")
@@ -50,6 +54,6 @@ def get_target(name: str) -> Target:
         except (ImportError, AttributeError) as exc:
             raise KeyError(f"cannot load fuzz target {name!r}: {exc}") from None
         made: Target = cls()
-        REGISTRY[name] = made
+        _LOADED[name] = made
         return made
     raise KeyError(f"unknown fuzz target {name!r}; choose one of {sorted(REGISTRY)}")
