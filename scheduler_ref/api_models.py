@@ -179,35 +179,32 @@ def chat_choice(index: int, text: str, finish_reason: str | None) -> dict[str, A
     }
 
 
-def completion_chunk(
-    rid: str, created: int, model: str, choices: list[dict[str, Any]], with_usage_field: bool
+def _chunk(
+    obj: str, rid: str, created: int, model: str, choices: list[dict[str, Any]], with_usage: bool
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": rid,
-        "object": "text_completion",
+        "object": obj,
         "created": created,
         "model": model,
         "choices": choices,
     }
-    if with_usage_field:
+    if with_usage:
         # OpenAI sends "usage": null on every chunk when include_usage is set.
         body["usage"] = None
     return body
 
 
+def completion_chunk(
+    rid: str, created: int, model: str, choices: list[dict[str, Any]], with_usage_field: bool
+) -> dict[str, Any]:
+    return _chunk("text_completion", rid, created, model, choices, with_usage_field)
+
+
 def chat_chunk(
     rid: str, created: int, model: str, choices: list[dict[str, Any]], with_usage_field: bool
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
-    if with_usage_field:
-        body["usage"] = None
-    return body
+    return _chunk("chat.completion.chunk", rid, created, model, choices, with_usage_field)
 
 
 def chat_delta_choice(
