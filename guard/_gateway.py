@@ -5,10 +5,12 @@ framing (headers, then the body read under caps) -> API key -> checks (the pipel
 chunk with output accounting) -> reconciliation; metrics, the access line and the span are
 written once per request in ``finally``.
 
-Once the body has been read, ``receive`` can only report a disconnect: a watcher task waits for
-it and cancels the request's task, which aborts the upstream request wherever it is (connecting,
-waiting, streaming). The watcher is disarmed before the response's last message, because
-uvicorn's ``receive`` also returns ``http.disconnect`` once the response is complete.
+Once the body has been read, a disconnect cancels the request's task, which aborts the upstream
+request wherever it is (connecting, waiting, streaming). The guard's own server says so through
+a hook (:mod:`guard._disconnect`); under any other ASGI server a watcher task waits on
+``receive``, which can then only report a disconnect. Either is disarmed before the response's
+last message, because uvicorn's ``receive`` also returns ``http.disconnect`` once the response
+is complete.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
+from guard._disconnect import DISCONNECT_EXTENSION, DisconnectHook
 from guard._sse_relay import SseRelay, error_event
 from guard.access_log import AccessLog
 from guard.concurrency import ConcurrencyLimiter, ConcurrencyLimits
@@ -275,20 +278,33 @@ class Gateway:
         )
         task = asyncio.current_task()
         watcher: asyncio.Future[Message] | None = None
+        extensions = scope.get("extensions")
+        hook = extensions.get(DISCONNECT_EXTENSION) if extensions else None
+
+        def client_gone() -> None:
+            if ex.finished or task is None:
+                return
+            ex.client_gone = True
+            task.cancel()
 
         def arm() -> None:
             nonlocal watcher
+            if isinstance(hook, DisconnectHook):  # the server tells us: no task needed
+                if hook.lost:
+                    client_gone()
+                else:
+                    hook.callback = client_gone
+                return
             watcher = asyncio.ensure_future(receive())
             watcher.add_done_callback(on_receive)
 
         def on_receive(fut: asyncio.Future[Message]) -> None:
-            if fut.cancelled() or ex.finished or task is None:
+            if fut.cancelled():
                 return
             if fut.exception() is None and fut.result()["type"] == "http.disconnect":
-                ex.client_gone = True
-                task.cancel()
+                client_gone()
 
-        self.metrics.in_flight.inc()
+        self.metrics.in_flight += 1
         try:
             await self._handle(ex, scope, receive, send, arm, span)
         except asyncio.CancelledError:
@@ -308,7 +324,9 @@ class Gateway:
             ex.finished = True
             if watcher is not None and not watcher.done():
                 watcher.cancel()
-            self.metrics.in_flight.dec()
+            if isinstance(hook, DisconnectHook):
+                hook.callback = None
+            self.metrics.in_flight -= 1
             self._record(ex, span)
 
     async def _handle(

@@ -10,6 +10,10 @@ code. The app still checks the policy's exact header count and size
 (:func:`guard.framing.inspect_head`); this is the backstop in front of it, set from the policy
 by :func:`configure` with room for the request line.
 
+It also gives each request a :class:`~guard._disconnect.DisconnectHook` (in
+``scope["extensions"]``), fired when the connection is lost before the response is complete, so
+the app learns of a disconnect without a task waiting on ``receive()``.
+
 Use it with ``uvicorn.run(..., http="guard._http_protocol:GuardHttpToolsProtocol")``.
 """
 
@@ -20,6 +24,7 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from guard._disconnect import DISCONNECT_EXTENSION, DisconnectHook
 from guard.errors import GuardError
 
 __all__ = ["GuardHttpToolsProtocol", "configure"]
@@ -45,6 +50,19 @@ class GuardHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_lines = 0
         self._tail = b""
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        extensions: dict[str, Any] = {DISCONNECT_EXTENSION: DisconnectHook()}
+        self.scope["extensions"] = extensions
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is not None and not cycle.response_complete:
+            hook = cycle.scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+            if isinstance(hook, DisconnectHook):
+                hook.fire()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

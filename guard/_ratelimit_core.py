@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Final, Literal
 
 from guard.errors import LimitExceeded, Overloaded, RateLimited
@@ -48,24 +49,24 @@ class RateLimits:
             if value is not None and (isinstance(value, bool) or value <= 0):
                 raise ValueError(f"RateLimits.{name} must be a positive integer or None")
 
-    @property
+    @cached_property  # read on every request
     def request_capacity(self) -> int | None:
         if self.requests_per_minute is None:
             return None
         return self.request_burst or self.requests_per_minute
 
-    @property
+    @cached_property  # read on every request
     def token_capacity(self) -> int | None:
         if self.tokens_per_minute is None:
             return None
         return self.token_burst or self.tokens_per_minute
 
-    @property
+    @cached_property  # read on every request
     def request_rate(self) -> float:
         """Requests refilled per second (0 when unlimited)."""
         return (self.requests_per_minute or 0) / 60.0
 
-    @property
+    @cached_property  # read on every request
     def token_rate(self) -> float:
         """Tokens refilled per second (0 when unlimited)."""
         return (self.tokens_per_minute or 0) / 60.0
@@ -76,17 +77,25 @@ class Reservation:
     """What :meth:`RateLimiter.reserve` charged; settle it once with ``reconcile`` or ``release``.
 
     ``degraded`` is true when the backend failed and the policy let the request through
-    uncharged (fail open); settling such a reservation does nothing. ``headers`` are the
-    ``x-ratelimit-*`` headers to return with the response.
+    uncharged (fail open); settling such a reservation does nothing. ``remaining`` is what the
+    buckets held after the charge (requests, tokens); :attr:`headers` turns it into the
+    ``x-ratelimit-*`` headers only when someone asks for them.
     """
 
     tenant: str
     limits: RateLimits
     requests: int
     tokens: int
-    headers: dict[str, str] = field(default_factory=dict)
+    remaining: tuple[float, float] | None = None
     degraded: bool = False
     settled: bool = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers for this reservation (none when degraded)."""
+        if self.remaining is None:
+            return {}
+        return ratelimit_headers(self.limits, views(self.limits, True, *self.remaining))
 
 
 @dataclass

@@ -25,10 +25,8 @@ from guard._ratelimit_core import (
     check_fits,
     count_settlement,
     decide,
-    ratelimit_headers,
     rejection,
     unavailable,
-    views,
 )
 from guard._ratelimit_lua import ADJUST, RESERVE
 from guard.errors import LimitExceeded
@@ -125,8 +123,7 @@ class RedisRateLimiter:
         self.metrics.count("allowed", tenant)
         if tokens:
             self.metrics.count("tokens_reserved", tenant, tokens)
-        headers = ratelimit_headers(limits, views(limits, True, req, tok))
-        return Reservation(tenant, limits, requests, tokens, headers)
+        return Reservation(tenant, limits, requests, tokens, remaining=(req, tok))
 
     async def reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
         if reservation.settled:

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
-from multidict import CIMultiDict
 
 from guard.errors import GuardError
 
@@ -63,6 +61,9 @@ _NOT_FORWARDED = HOP_BY_HOP | {
 }
 # Set by the guard itself or its server; the upstream's copies would be duplicates.
 _NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server", "x-request-id"}
+# The same as raw header names (ASGI request header names are lowercase already).
+_NOT_FORWARDED_RAW = frozenset(name.encode("latin-1") for name in _NOT_FORWARDED)
+_NOT_RETURNED_RAW = frozenset(name.encode("latin-1") for name in _NOT_RETURNED)
 
 
 class UpstreamError(GuardError):
@@ -128,7 +129,7 @@ class UpstreamResponse:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status: int = resp.status
-        self.headers: CIMultiDict[str] = CIMultiDict(resp.headers)
+        self.headers = resp.headers  # read-only, case-insensitive
         self.content_type: str = resp.headers.get("content-type", "")
 
     @property
@@ -136,11 +137,23 @@ class UpstreamResponse:
         return self._resp.content_length
 
     @property
+    def raw_headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        return self._resp.raw_headers
+
+    @property
     def is_event_stream(self) -> bool:
         return self.content_type.lower().startswith("text/event-stream")
 
     async def read(self, max_bytes: int) -> bytes:
         """The whole body, at most ``max_bytes`` (``upstream_response_too_large`` beyond)."""
+        length = self._resp.content_length
+        if length is not None and length <= max_bytes:
+            # The parser stops at the declared length: one read, bounded.
+            try:
+                return await self._resp.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                self.abort()
+                raise _map_error(exc) from exc
         parts: list[bytes] = []
         size = 0
         async for chunk in self.chunks():
@@ -183,9 +196,9 @@ class UpstreamResponse:
 def response_headers(resp: UpstreamResponse) -> list[tuple[bytes, bytes]]:
     """The upstream's response headers that the client should see, as ASGI pairs."""
     return [
-        (name.lower().encode("latin-1"), value.encode("latin-1"))
-        for name, value in resp.headers.items()
-        if name.lower() not in _NOT_RETURNED
+        (name, value)
+        for name, value in ((n.lower(), v) for n, v in resp.raw_headers)
+        if name not in _NOT_RETURNED_RAW
     ]
 
 
@@ -244,26 +257,27 @@ class Upstream:
         ``api_key`` wins over both. ``extra_headers`` replace the client's headers of the same
         name (trace context, say).
         """
-        out: CIMultiDict[str] = CIMultiDict()
-        for raw_name, raw_value in headers:
-            name = raw_name.decode("latin-1")
-            if name not in _NOT_FORWARDED:
-                out.add(name, raw_value.decode("latin-1"))
+        replaced = (
+            {name.lower().encode("latin-1") for name in extra_headers} if extra_headers else ()
+        )
+        out = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in headers
+            if name not in _NOT_FORWARDED_RAW and name not in replaced
+        ]
         if extra_headers:
-            for name, value in extra_headers.items():
-                out[name] = value
-        out["accept-encoding"] = "identity"
-        out["x-request-id"] = request_id
+            out.extend(extra_headers.items())
+        out.append(("accept-encoding", "identity"))
+        out.append(("x-request-id", request_id))
         if self.config.api_key is not None:
-            out["authorization"] = f"Bearer {self.config.api_key}"
+            out.append(("authorization", f"Bearer {self.config.api_key}"))
         elif authorization is not None:
-            out["authorization"] = authorization
+            out.append(("authorization", authorization))
         url = self.config.base + path + ("?" + query if query else "")
-        kwargs: dict[str, Any] = {"headers": out, "allow_redirects": False}
-        if body is not None:
-            kwargs["data"] = body
         try:
-            resp = await self._get_session().request(method, url, **kwargs)
+            resp = await self._get_session().request(
+                method, url, headers=out, data=body, allow_redirects=False
+            )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise _map_error(exc) from exc
         return UpstreamResponse(resp)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from guard._ratelimit_core import (
+    EPSILON,
     FailurePolicy,
     Listener,
     RateLimiterMetrics,
@@ -42,7 +43,6 @@ from guard._ratelimit_core import (
     check_fits,
     count_settlement,
     decide,
-    ratelimit_headers,
     refill,
     rejection,
     reset_after,
@@ -179,19 +179,23 @@ class MemoryRateLimiter:
         if buckets is None:
             buckets = _Buckets(now)
         req, tok = buckets.levels(limits, now)
-        decision = decide(limits, req, tok, requests, tokens)
-        if not decision.allowed:
+        if (limits.request_capacity is not None and req + EPSILON < requests) or (
+            limits.token_capacity is not None and tok + EPSILON < tokens
+        ):
+            decision = decide(limits, req, tok, requests, tokens)
             self.metrics.count(
                 "rejected_requests" if decision.limited_by == "requests" else "rejected_tokens",
                 tenant,
             )
             raise rejection(limits, decision)
-        buckets.store(limits, now, req - requests, tok - tokens)
+        req -= requests
+        tok -= tokens
+        buckets.store(limits, now, req, tok)
         self._tenants[tenant] = buckets
         self.metrics.count("allowed", tenant)
         if tokens:
             self.metrics.count("tokens_reserved", tenant, tokens)
-        return Reservation(tenant, limits, requests, tokens, ratelimit_headers(limits, decision))
+        return Reservation(tenant, limits, requests, tokens, remaining=(req, tok))
 
     async def reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
         if reservation.settled:

@@ -28,13 +28,16 @@ FAST = "upstream: {read_timeout_s: 0.3, connect_timeout_s: 1.0}"
 
 @contextlib.asynccontextmanager
 async def guard(
-    policy_yaml: str = FAST, upstream_url: str | None = None, **kwargs: Any
+    policy_yaml: str = FAST,
+    upstream_url: str | None = None,
+    http: str | None = None,
+    **kwargs: Any,
 ) -> AsyncIterator[tuple[str, FakeUpstream, Any]]:
     async with fake_upstream() as fake:
         app = create_app(
             policy_from_yaml(policy_yaml), upstream_url=upstream_url or fake.url, **kwargs
         )
-        async with serve(app) as url:
+        async with serve(app, **({} if http is None else {"http": http})) as url:
             yield url, fake, app
             await settled(app)
 
@@ -43,7 +46,7 @@ async def settled(app: Any, timeout: float = 3.0) -> None:
     """Nothing of any request is left in the guard: no request, slot or reservation."""
     gateway = app.state.gateway
     deadline = time.monotonic() + timeout
-    while gateway.concurrency.in_flight or app.state.metrics.in_flight._value.get():
+    while gateway.concurrency.in_flight or app.state.metrics.in_flight:
         assert time.monotonic() < deadline, "requests still in flight"
         await asyncio.sleep(0.01)  # waiting for the guard's cleanup, not timing a test
     assert gateway.concurrency.waiting == 0
@@ -143,8 +146,16 @@ async def test_total_timeout_cuts_a_stream_that_keeps_going() -> None:
 # -------------------------------------------------------------------------------- client
 
 
-async def test_client_disconnecting_mid_stream_cancels_the_upstream_request() -> None:
-    async with guard() as (url, fake, app):
+# The guard's protocol reports a disconnect through a hook; any other server (h11 here) only
+# through receive(), which the gateway's watcher task waits on. Both must cancel the upstream.
+SERVERS = pytest.mark.parametrize("http", [None, "h11"], ids=["hook", "watcher"])
+
+
+@SERVERS
+async def test_client_disconnecting_mid_stream_cancels_the_upstream_request(
+    http: str | None,
+) -> None:
+    async with guard(http=http) as (url, fake, app):
         async with (
             httpx.AsyncClient(base_url=url) as c,
             c.stream(
@@ -165,9 +176,12 @@ async def test_client_disconnecting_mid_stream_cancels_the_upstream_request() ->
         assert 'schedguard_guard_upstream_aborts_total{reason="client_gone"} 1.0' in text
 
 
-async def test_client_disconnecting_while_waiting_cancels_the_upstream_request() -> None:
+@SERVERS
+async def test_client_disconnecting_while_waiting_cancels_the_upstream_request(
+    http: str | None,
+) -> None:
     policy = "upstream: {read_timeout_s: 30}"
-    async with guard(policy) as (url, fake, app), httpx.AsyncClient(base_url=url) as c:
+    async with guard(policy, http=http) as (url, fake, app), httpx.AsyncClient(base_url=url) as c:
         task = asyncio.create_task(
             c.post("/v1/chat/completions", json=CHAT, headers={"x-fake": "hang"})
         )

@@ -386,7 +386,7 @@ def test_guard_metrics_are_parsed() -> None:
     metrics.rejected("template_depth_exceeded")
     metrics.rejected("template_depth_exceeded")
     metrics.rejected("n_exceeded")
-    metrics.in_flight.set(3)
+    metrics.in_flight = 3
     snap = parse_guard_metrics(metrics.render().decode())
     assert snap.rejections == {"template_depth_exceeded": 2.0, "n_exceeded": 1.0}
     assert snap.in_flight == 3.0

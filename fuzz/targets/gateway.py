@@ -337,6 +337,8 @@ class _StubResponse:
     content_type = "application/json"
     is_event_stream = False
 
+    raw_headers = ((b"Content-Type", b"application/json"),)
+
     def __init__(self) -> None:
         from multidict import CIMultiDict
 
