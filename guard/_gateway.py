@@ -43,7 +43,14 @@ from guard.ratelimit import RateLimiter, RateLimits, Reservation
 from guard.request_view import KEPT_HEADERS, normalise_headers, resolve_key
 from guard.tracing import RequestSpan, Tracing
 
-__all__ = ["Gateway", "InternalError", "check_outcomes", "extract_usage", "forward_body"]
+__all__ = [
+    "Gateway",
+    "InternalError",
+    "check_outcomes",
+    "extract_usage",
+    "forward_body",
+    "upstream_error_code",
+]
 
 _log = logging.getLogger("schedguard.guard")
 
@@ -51,7 +58,10 @@ _log = logging.getLogger("schedguard.guard")
 # message; bigger or unsized ones are relayed in chunks, keeping only a tail to find `usage`.
 _BUFFER_MAX = 1 << 20
 _USAGE_TAIL = 16 << 10
-_USAGE_MAX = 4096  # a usage object (with its token details) is a few hundred bytes
+_USAGE_MAX = 4096
+_ERROR_BODY_MAX = (
+    64 << 10
+)  # an error body bigger than this is not looked into  # a usage object (with its token details) is a few hundred bytes
 _DECODER = json.JSONDecoder()
 _JSON = (b"content-type", b"application/json")
 _GET_ONLY = frozenset({"/v1/models"})
@@ -83,6 +93,7 @@ class _Exchange:
     finished: bool = False  # the last message is being sent: a disconnect now is not one
     body_pending: bool = False  # a body was announced and not read yet
     checks: tuple[tuple[str, str], ...] = ()
+    upstream_code: str | None = None  # the code of an error the upstream answered with
 
 
 def extract_usage(data: bytes) -> dict[str, Any] | None:
@@ -100,6 +111,24 @@ def extract_usage(data: bytes) -> dict[str, Any] | None:
                 if isinstance(value, dict):
                     return value
         pos = data.rfind(b'"usage"', 0, pos)
+    return None
+
+
+def upstream_error_code(data: bytes) -> str | None:
+    """``error.code`` of an OpenAI error body from the upstream, if it is a short printable
+    token (it goes into the access log: upstream text is not trusted further than that)."""
+    if len(data) > _ERROR_BODY_MAX:
+        return None
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool):
+        code = str(code)
+    if isinstance(code, str) and 0 < len(code) <= 64 and code.isascii() and code.isprintable():
+        return code
     return None
 
 
@@ -484,7 +513,10 @@ class Gateway:
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             await send({"type": "http.response.body", "body": data})
             ex.bytes_out = len(data)
-            return extract_usage(data) if resp.status < 400 else None
+            if resp.status >= 400:
+                ex.upstream_code = upstream_error_code(data)
+                return None
+            return extract_usage(data)
         if length is not None:
             headers.append((b"content-length", str(length).encode()))
         ex.status = resp.status
@@ -580,6 +612,7 @@ class Gateway:
                 "route": ex.route,
                 "status": ex.status,
                 "code": ex.code,
+                "upstream_code": ex.upstream_code,
                 "tenant": ex.tenant,
                 "stream": ex.stream,
                 "duration_ms": round(duration * 1000, 3),

@@ -27,10 +27,20 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from guard._disconnect import DISCONNECT_EXTENSION, DisconnectHook
 from guard.errors import GuardError
 
-__all__ = ["GuardHttpToolsProtocol", "configure"]
+__all__ = ["GuardHttpToolsProtocol", "configure", "head_refusals"]
 
 # Room for the request line (method, URL, version) on top of the policy's header bytes.
 URL_ALLOWANCE = 8192 + 256
+
+
+# Heads refused here, by code, for this process: they never reach an app, so the app's metrics
+# read this at scrape time (see guard.app).
+_REFUSED: dict[str, int] = {}
+
+
+def head_refusals() -> dict[str, int]:
+    """How many request heads this process refused (431), by error code."""
+    return dict(_REFUSED)
 
 
 def configure(max_header_bytes: int, max_header_count: int | None = None) -> None:
@@ -102,6 +112,7 @@ class GuardHttpToolsProtocol(HttpToolsProtocol):
     def _refuse_head(self, code: str, message: str) -> None:
         if self.transport.is_closing():
             return
+        _REFUSED[code] = _REFUSED.get(code, 0) + 1
         err = GuardError(code, message, status=431)
         body = json.dumps(err.to_body(), separators=(",", ":")).encode()
         head = (

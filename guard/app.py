@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard._gateway import Gateway, InternalError, check_outcomes
+from guard._http_protocol import head_refusals
 from guard.access_log import AccessLog
 from guard.concurrency import ConcurrencyLimiter, ConcurrencyLimits
 from guard.errors import GuardError, NotFound
@@ -99,6 +100,7 @@ def create_app(
             global_max_queued=rate.queue_size,
             queue_timeout_s=rate.queue_timeout_s,
         )
+    metrics.server_rejections = head_refusals
     metrics.export("rate", limiter.metrics.snapshot)
     slots = concurrency
     metrics.export(

@@ -143,7 +143,11 @@ class _Exported(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self._owner
         yield _counter("schedguard_guard_requests", "requests", ["route", "status"], m.requests)
-        yield _counter("schedguard_guard_rejections", "rejections", ["code"], m.rejections)
+        rejections = dict(m.rejections)
+        if m.server_rejections is not None:
+            for code, count in m.server_rejections().items():
+                rejections[(code,)] = rejections.get((code,), 0.0) + count
+        yield _counter("schedguard_guard_rejections", "rejections", ["code"], rejections)
         overhead = HistogramMetricFamily(
             "schedguard_guard_overhead_seconds", _HELP["overhead"], labels=[]
         )
@@ -227,6 +231,8 @@ class GuardMetrics:
         self.in_flight = 0
         self.check_seconds: dict[str, float] = {}
         self.sources: dict[str, Snapshot] = {}
+        # Refusals made by the HTTP server before any app saw the request (431 heads).
+        self.server_rejections: Snapshot | None = None
         self.registry.register(_Exported(self))
 
     def request_done(self, route: str, status: int, duration_s: float) -> None:

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
+from yarl import URL
 
 from guard.errors import GuardError
 
@@ -63,6 +64,7 @@ _NOT_FORWARDED = HOP_BY_HOP | {
 _NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server", "x-request-id"}
 # The same as raw header names (ASGI request header names are lowercase already).
 _NOT_FORWARDED_RAW = frozenset(name.encode("latin-1") for name in _NOT_FORWARDED)
+_URL_CACHE_MAX = 64
 _NOT_RETURNED_RAW = frozenset(name.encode("latin-1") for name in _NOT_RETURNED)
 
 
@@ -208,6 +210,7 @@ class Upstream:
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}
         self._timeout = aiohttp.ClientTimeout(
             total=config.total_timeout_s,
             connect=config.connect_timeout_s,
@@ -273,7 +276,7 @@ class Upstream:
             out.append(("authorization", f"Bearer {self.config.api_key}"))
         elif authorization is not None:
             out.append(("authorization", authorization))
-        url = self.config.base + path + ("?" + query if query else "")
+        url = self._url(path, query)
         try:
             resp = await self._get_session().request(
                 method, url, headers=out, data=body, allow_redirects=False
@@ -281,6 +284,18 @@ class Upstream:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise _map_error(exc) from exc
         return UpstreamResponse(resp)
+
+    def _url(self, path: str, query: str) -> URL | str:
+        """The upstream URL; parsed URLs of query-less paths are kept (a few routes, parsed
+        once instead of on every request; the cache is capped since model paths vary)."""
+        if query:
+            return self.config.base + path + "?" + query
+        url = self._urls.get(path)
+        if url is None:
+            url = URL(self.config.base + path)
+            if len(self._urls) < _URL_CACHE_MAX:
+                self._urls[path] = url
+        return url
 
     async def ready(self) -> bool:
         """Whether the upstream answers 2xx within ``health_timeout_s`` on its health path, or,

@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import logging
+import re
 import sys
 import zlib
 from collections.abc import AsyncIterator, Sequence
@@ -438,6 +439,12 @@ async def test_header_bomb_is_cut_by_the_protocol_before_the_head_ends() -> None
         assert sent < 64 << 20  # the guard hung up long before the header ended
         assert g.fake.received == []
         assert (await g.client.get("/v1/models")).status_code == 200
+        # Refused by the server before any app saw it, and still counted by the app's metrics.
+        metrics = (await g.client.get("/metrics")).text
+        counted = re.search(
+            r'schedguard_guard_rejections_total\{code="headers_too_large"\} (\S+)', metrics
+        )
+        assert counted is not None and float(counted.group(1)) >= 1
 
 
 async def test_content_encoding_refused_by_default() -> None:
@@ -581,9 +588,17 @@ async def test_access_log_is_one_json_line_without_prompt_text(
                 json={"model": "m", "messages": [{"role": "user", "content": secret}]},
             )
             await g.client.post("/v1/chat/completions", json={**CHAT, "n": 100})
+            await g.client.post(
+                "/v1/chat/completions",
+                json=CHAT,
+                headers={"x-fake": "status", "x-fake-status": "503"},
+            )
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "schedguard.access"]
-    assert len(lines) == 2
-    ok, rejected = lines
+    assert len(lines) == 3
+    ok, rejected, relayed = lines
+    # An error the upstream answered with: its status and its own code, beside the guard's.
+    assert relayed["status"] == 503 and "code" not in relayed
+    assert relayed["upstream_code"] == "fake"
     assert ok["request_id"] == "log-1" and ok["status"] == 200 and ok["tenant"] == "anonymous"
     assert ok["route"] == "/v1/chat/completions" and ok["completion_tokens"] == 3
     assert {"duration_ms", "guard_ms", "upstream_ms", "bytes_in"} <= set(ok)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from guard._gateway import extract_usage, forward_body
+from guard._gateway import extract_usage, forward_body, upstream_error_code
 from guard._sse_relay import DONE, SseRelay, error_event
 from guard.checks import Mutation
 from guard.pipeline import evaluate_body
@@ -165,6 +165,25 @@ def test_error_event_ends_with_done() -> None:
 
 
 # ------------------------------------------------------------------------------ usage, bodies
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"error": {"code": "model_not_found", "message": "m"}}', "model_not_found"),
+        (b'{"error": {"code": 429}}', "429"),
+        (b'{"error": {"code": "line\\nbreak"}}', None),  # not a printable token
+        (b'{"error": {"code": "' + b"x" * 65 + b'"}}', None),  # too long for a log field
+        (b'{"error": "flat"}', None),
+        (b"[1, 2]", None),
+        (b"not json", None),
+        (b'{"error": {"code": "big"}, "pad": "' + b"p" * (70 << 10) + b'"}', None),
+    ],
+)
+def test_upstream_error_code_is_a_short_printable_token_or_none(
+    body: bytes, code: str | None
+) -> None:
+    assert upstream_error_code(body) == code
 
 
 def test_extract_usage_finds_the_last_usage_object() -> None:
