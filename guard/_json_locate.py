@@ -23,6 +23,13 @@ _KEY = re.compile(rb'[ \t\n\r]*"[^"]*"[ \t\n\r]*:[ \t\n\r]*')
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CONTAINERS = frozenset((list, dict))
 
+# Members skipped one match each before skipping blocks of them (then largest first).
+_SINGLE_STEPS = 16
+_BLOCKS = (256, 16)
+_NONE = 1 << 62  # a search that found nothing, for min()
+_NOT_QUOTE_OR_COMMA = bytes(b for b in range(256) if b not in b'",')
+_PLAIN_KEY = re.compile(rb'[^"\\\x00-\x1f]*"')
+
 MAX_KEY_CHARS = 32  # longer keys are cut in paths
 MAX_PATH_CHARS = 160  # longer paths keep their tail
 
@@ -47,14 +54,26 @@ def _path_at(scan: bytes, body: bytes, offset: int, structure: StructureScan) ->
             return path  # a scalar, or the container itself
         is_object = scan[pos] == ord("{")
         pos += 1
-        index = 0
-        # Skip the members before the offset. Reading up to and including the byte at the
-        # offset, a member that stops there leaves that byte (a comma or the closing bracket)
-        # to this container; one that reads it contains the offset.
-        while (end := structure.member_end(scan, pos, offset + 1)) <= offset:
-            if end in (offset, pos) or scan[end] != ord(","):
-                return path
-            pos, index = end, index + 1
+        index, end = _members_before(scan, pos, offset)
+        if index >= 0 and (index == 0 or scan[pos] != ord(",")):
+            # Found in C, as the member-by-member walk below would find it: each comma before
+            # the offset ends a member, and the offset is in the member after the last one.
+            if end == offset and scan[offset] in b",]}":
+                return path  # the offset is this container's own comma or bracket
+            if index:
+                pos = scan.rfind(b",", pos, end)
+        else:
+            index = 0
+            # Skip the members before the offset. Reading up to and including the byte at the
+            # offset, a member that stops there leaves that byte (a comma or the closing
+            # bracket) to this container; one that reads it contains the offset. Past a few
+            # members, whole blocks of them are skipped in one match each.
+            while (end := structure.member_end(scan, pos, offset + 1)) <= offset:
+                if end in (offset, pos) or scan[end] != ord(","):
+                    return path
+                pos, index = end, index + 1
+                if index == _SINGLE_STEPS:
+                    pos, index = _skip_blocks(scan, pos, offset, index, structure)
         start = pos + 1 if scan[pos] == ord(",") else pos
         if offset < start:
             return path
@@ -74,6 +93,48 @@ def _path_at(scan: bytes, body: bytes, offset: int, structure: StructureScan) ->
             return path
 
 
+def _members_before(scan: bytes, pos: int, offset: int) -> tuple[int, int]:
+    """(commas, end) when the members of the container whose first member starts at ``pos``
+    can be counted up to ``offset`` in C: the commas before ``end`` each end one; else (-1, 0).
+
+    ``end`` is the offset when no bracket lies between ``pos`` and it. Otherwise it is the
+    first bracket, which must open a container that nothing closes before the offset
+    (no closing bracket at all there), which then holds the offset, and every comma before it
+    ends a member. Either way no string before the first bracket may hold a comma. A few
+    ``bytes`` passes over ``scan[pos:offset]``, which the walk below reads anyway (the member
+    holding the offset is read up to it).
+    """
+    if offset <= pos:
+        return 0, offset
+    opening = min(_found(scan.find(b"[", pos, offset)), _found(scan.find(b"{", pos, offset)))
+    closing = min(_found(scan.find(b"]", pos, offset)), _found(scan.find(b"}", pos, offset)))
+    if closing < _NONE:
+        return -1, 0
+    end = min(opening, offset)
+    # Quotes and commas alone: strings without commas become empty pairs, removed; a string
+    # holding a comma or a bracket (or one cut at ``end``) leaves a quote behind.
+    kept = scan[pos:end].translate(None, _NOT_QUOTE_OR_COMMA).replace(b'""', b"")
+    return (-1, 0) if b'"' in kept else (len(kept), end)
+
+
+def _found(index: int) -> int:
+    return _NONE if index < 0 else index
+
+
+def _skip_blocks(
+    scan: bytes, pos: int, offset: int, index: int, structure: StructureScan
+) -> tuple[int, int]:
+    """Skip whole blocks of members (``pos`` is at the comma before the next one) while every
+    member of a block ends before ``offset`` at a comma, as single steps would; return the new
+    position and member index."""
+    for count in _BLOCKS:
+        while (end := structure.members_end(scan, pos, offset + 1, count)) >= 0:
+            if end >= offset or scan[end] != ord(","):
+                break
+            pos, index = end, index + count
+    return pos, index
+
+
 def is_object_member(scan: bytes, pos: int) -> bool:
     """Whether the container member starting at ``pos`` opens with a key and a colon."""
     return _KEY.match(scan, pos) is not None
@@ -86,8 +147,11 @@ def _skip_ws(scan: bytes, pos: int) -> int:
 
 def _key_text(body: bytes, quote: int) -> str:
     """The key whose opening quote is at ``quote``, decoded from at most a few hundred bytes."""
-    end = quote + 1
     limit = min(len(body), quote + 1 + 4 * MAX_KEY_CHARS)
+    plain = _PLAIN_KEY.match(body, quote + 1, limit)
+    if plain is not None:  # no escape or control character: the text is the bytes
+        return body[quote + 1 : plain.end() - 1].decode("utf-8", "replace")
+    end = quote + 1
     while end < limit and body[end] != ord('"'):
         end += 2 if body[end] == ord("\\") else 1
     raw = body[quote + 1 : min(end, limit)]

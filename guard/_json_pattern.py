@@ -137,6 +137,7 @@ class StructureScan:
 
     pattern: re.Pattern[bytes]
     kinds: dict[int, str]  # group index -> violation kind
+    member: bytes = b""  # the source of one member's tokens, for members_end()
 
     def run(self, scan: bytes, endpos: int) -> Violation | None:
         """The first violation before ``endpos``, or None if there is none.
@@ -160,6 +161,13 @@ class StructureScan:
         m = self.pattern.match(scan, pos, endpos)
         return pos if m is None else m.end()
 
+    def members_end(self, scan: bytes, pos: int, endpos: int, count: int) -> int:
+        """End of the next ``count`` members after ``pos``, each opening with its comma, in one
+        match; -1 when fewer follow before the container ends. Used only to locate an error in
+        a long container, so the patterns (one per count) are compiled on first use."""
+        m = _members(self.member, count).match(scan, pos, endpos)
+        return -1 if m is None else m.end()
+
 
 def structure_scan(max_depth: int, max_members: int, max_string: int) -> StructureScan:
     """The scan for these limits, compiled once and cached."""
@@ -168,10 +176,15 @@ def structure_scan(max_depth: int, max_members: int, max_string: int) -> Structu
 
 @lru_cache(maxsize=16)
 def _compiled(max_depth: int, max_members: int, max_string: int) -> StructureScan:
-    source = b",?" + _value(0, max_depth, max_members, max_string) + b"*+"
-    pattern = _compile_off_stack(source)
+    member = _value(0, max_depth, max_members, max_string) + b"*+"
+    pattern = _compile_off_stack(b",?" + member)
     kinds = {index: name.rstrip("0123456789") for name, index in pattern.groupindex.items()}
-    return StructureScan(pattern, kinds)
+    return StructureScan(pattern, kinds, member)
+
+
+@lru_cache(maxsize=16)
+def _members(member: bytes, count: int) -> re.Pattern[bytes]:
+    return _compile_off_stack(b"(?:,%s){%d}+" % (member, count))
 
 
 def _value(level: int, depth: int, members: int, string: int) -> bytes:
@@ -191,10 +204,11 @@ def _value(level: int, depth: int, members: int, string: int) -> bytes:
         alts.append(rb"[\[{](?P<depth>)" + _REST)
     else:
         # Members are counted by iterations: the first needs no comma, each later one starts
-        # with one. An empty iteration ends the loop, so ``[]`` is one empty member.
+        # with one. An empty iteration ends the loop, so ``[]`` is one empty member. An empty
+        # container is tried first, as one class test: dense ``[],{}`` bodies cost a third.
         inner = _value(level + 1, depth, members, string)
         alts.append(
-            rb"[\[{](?:,?%s*+){1,%d}+(?:,(?P<members%d>)%s)?(?:[\]}]|\Z)"
+            rb"[\[{](?:[\]}]|(?:,?%s*+){1,%d}+(?:,(?P<members%d>)%s)?(?:[\]}]|\Z))"
             % (inner, members, level + 1, _REST)
         )
     return b"(?:" + b"|".join(alts) + b")"

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from guard import json_scan
 from guard._json_pattern import MAX_SUPPORTED_DEPTH
 from guard.errors import GuardError, LimitExceeded
 from guard.isolation import run_limited
@@ -654,3 +655,17 @@ def test_mutated_json_returns_or_raises_guard_error(
     value: Any, edits: list[tuple[int, int, bool]], limits: JsonLimits, ascii_only: bool
 ) -> None:
     check_any(mutate(json.dumps(value, ensure_ascii=ascii_only).encode(), edits), limits)
+
+
+def test_escaped_quotes_cannot_pass_string_brackets_off_as_structure() -> None:
+    # Strings holding "]]]..." before a deep array and "[[[..." after it lower the nesting that
+    # brackets and quotes alone would show, if escaped quotes were taken as string ends.
+    limits = JsonLimits()
+    k = limits.max_depth - 1
+    inner = "[" * (limits.max_depth - 2) + "]" * (limits.max_depth - 2)
+    closers, openers = json.dumps('"' + "]" * k + '"'), json.dumps('"' + "[" * k + '"')
+    body = ("[" * k + closers + "," + inner + "," + openers + "]" * k).encode()
+    assert not json_scan._within_structure_limits(body, limits)
+    with pytest.raises(GuardError) as err:
+        parse_json_body(body, limits)
+    assert err.value.code == "json_depth_exceeded"
