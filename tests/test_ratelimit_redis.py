@@ -49,6 +49,11 @@ def private_server() -> Iterator[RedisServer]:
         yield srv
 
 
+# Tests of what is charged, not of how fast: a generous per-operation timeout, so that a loaded
+# CI machine (100 concurrent scripts at once) is not mistaken for a Redis failure.
+PATIENT = 10.0
+
+
 @pytest.fixture
 def prefix() -> str:
     return f"test:{uuid.uuid4().hex[:8]}:"
@@ -57,7 +62,7 @@ def prefix() -> str:
 @pytest.fixture
 async def limiters(server: RedisServer, prefix: str) -> AsyncIterator[list[RedisRateLimiter]]:
     """Two independent limiters (two connection pools: two replicas) on the same Redis."""
-    pair = [RedisRateLimiter(server.url, key_prefix=prefix) for _ in range(2)]
+    pair = [RedisRateLimiter(server.url, key_prefix=prefix, op_timeout_s=PATIENT) for _ in range(2)]
     yield pair
     for limiter in pair:
         await limiter.aclose()
@@ -140,7 +145,9 @@ async def run_scenario(limiter: RateLimiter, clock: FakeClock) -> list[object]:
 
 async def test_redis_and_memory_agree_step_by_step(server: RedisServer, prefix: str) -> None:
     redis_clock, memory_clock = FakeClock(), FakeClock()
-    redis_limiter = RedisRateLimiter(server.url, key_prefix=prefix, clock=redis_clock)
+    redis_limiter = RedisRateLimiter(
+        server.url, key_prefix=prefix, clock=redis_clock, op_timeout_s=PATIENT
+    )
     try:
         from_redis = await run_scenario(redis_limiter, redis_clock)
     finally:
@@ -158,7 +165,7 @@ async def test_redis_and_memory_agree_step_by_step(server: RedisServer, prefix: 
 
 async def test_reconcile_and_release_through_redis(server: RedisServer, prefix: str) -> None:
     clock = FakeClock()
-    limiter = RedisRateLimiter(server.url, key_prefix=prefix, clock=clock)
+    limiter = RedisRateLimiter(server.url, key_prefix=prefix, clock=clock, op_timeout_s=PATIENT)
     limits = RateLimits(requests_per_minute=2, tokens_per_minute=1000)
     try:
         first = await limiter.reserve("t", limits=limits, tokens=800)
@@ -182,7 +189,7 @@ async def test_reconcile_and_release_through_redis(server: RedisServer, prefix: 
 
 
 async def test_keys_expire_once_the_buckets_would_be_full(server: RedisServer, prefix: str) -> None:
-    limiter = RedisRateLimiter(server.url, key_prefix=prefix)  # Redis TIME
+    limiter = RedisRateLimiter(server.url, key_prefix=prefix, op_timeout_s=PATIENT)  # Redis TIME
     limits = RateLimits(requests_per_minute=600, tokens_per_minute=60_000)
     try:
         await limiter.reserve("t", limits=limits, tokens=30_000)  # full again in 30 s
@@ -197,7 +204,7 @@ async def test_keys_expire_once_the_buckets_would_be_full(server: RedisServer, p
 
 async def test_redis_time_refills(server: RedisServer, prefix: str) -> None:
     """With Redis's clock, a bucket refills in real time (60,000 per minute: 1 per ms)."""
-    limiter = RedisRateLimiter(server.url, key_prefix=prefix)
+    limiter = RedisRateLimiter(server.url, key_prefix=prefix, op_timeout_s=PATIENT)
     limits = RateLimits(requests_per_minute=60_000, request_burst=1)
     try:
         await limiter.reserve("t", limits=limits)
