@@ -58,10 +58,8 @@ _log = logging.getLogger("schedguard.guard")
 # message; bigger or unsized ones are relayed in chunks, keeping only a tail to find `usage`.
 _BUFFER_MAX = 1 << 20
 _USAGE_TAIL = 16 << 10
-_USAGE_MAX = 4096
-_ERROR_BODY_MAX = (
-    64 << 10
-)  # an error body bigger than this is not looked into  # a usage object (with its token details) is a few hundred bytes
+_USAGE_MAX = 4096  # a usage object (with its token details) is a few hundred bytes
+_ERROR_BODY_MAX = 64 << 10  # an upstream error body bigger than this is not looked into
 _DECODER = json.JSONDecoder()
 _JSON = (b"content-type", b"application/json")
 _GET_ONLY = frozenset({"/v1/models"})
