@@ -171,9 +171,12 @@ def test_short_atheris_run_on_vulnerable_target_yields_crash_file(tmp_path: Path
     )
     assert run.artifacts, f"no artifact; log: {run.log_path and run.log_path.read_text()[-2000:]}"
     crash = run.artifacts[0]
-    assert crash.name.startswith("crash-")
+    # On a loaded machine libFuzzer's own per-input clock can go before the cost budget: the
+    # artifact is then a timeout-, with no CostFinding line; the replay below judges it alike.
+    assert crash.name.startswith(("crash-", "timeout-"))
     log = run.log_path.read_text(errors="replace") if run.log_path else ""
-    assert "CostFinding: budget" in log and "budget:steps" in log
+    if crash.name.startswith("crash-"):
+        assert "CostFinding: budget" in log and "budget:steps" in log
     # The saved input really crosses that budget (replayed in the oracle's limited worker).
     with Oracle("placeholder-vulnerable", budgets=easy) as oracle:
         outcome = oracle.run(crash.read_bytes())
