@@ -182,7 +182,9 @@ _NOT_BRACKET_OR_QUOTE = bytes(b for b in range(256) if b not in b'[]{}"')
 
 def _depth_within(scan: bytes, openers: int, max_depth: int) -> bool:
     """Whether the brackets of ``scan`` nest at most ``max_depth`` deep, shown in C, or False
-    when that is not quick to show (the structural scan then decides).
+    when that is not quick to show (the structural scan then decides). ``scan`` is the body
+    after :func:`~guard._json_pattern.neutralise`: no escaped quote is left to pair up with a
+    real one and pass a string's brackets off as structure.
 
     Kept alone, brackets and quotes show strings as quote pairs: a string without a bracket
     becomes ``""`` and is removed; one holding a bracket leaves a quote behind, and is left to
@@ -192,10 +194,6 @@ def _depth_within(scan: bytes, openers: int, max_depth: int) -> bool:
     times the brackets and quotes in all.
     """
     if scan.count(b"]") + scan.count(b"}") != openers:
-        return False
-    if b'\\"' in scan:
-        # An escaped quote would pair up with a real one below and could pass a string's
-        # brackets off as structure (lowering the depth seen): the scan decides.
         return False
     nest = scan.translate(_PARENS, _NOT_BRACKET_OR_QUOTE).replace(b'""', b"")
     if b'"' in nest or b"(" * (max_depth + 1) in nest:

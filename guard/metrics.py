@@ -148,11 +148,7 @@ class _Exported(Collector):
             for code, count in m.server_rejections().items():
                 rejections[(code,)] = rejections.get((code,), 0.0) + count
         yield _counter("schedguard_guard_rejections", "rejections", ["code"], rejections)
-        overhead = HistogramMetricFamily(
-            "schedguard_guard_overhead_seconds", _HELP["overhead"], labels=[]
-        )
-        overhead.add_metric([], m.overhead.buckets(), m.overhead.total)
-        yield overhead
+        yield _histogram("schedguard_guard_overhead_seconds", "overhead", m.overhead)
         yield _histograms(
             "schedguard_guard_upstream_latency_seconds", "upstream_latency", m.upstream_latency
         )
@@ -161,11 +157,7 @@ class _Exported(Collector):
         yield GaugeMetricFamily(
             "schedguard_guard_in_flight_requests", _HELP["in_flight"], value=m.in_flight
         )
-        wait = HistogramMetricFamily(
-            "schedguard_guard_queue_wait_seconds", _HELP["queue_wait"], labels=[]
-        )
-        wait.add_metric([], m.queue_wait.buckets(), m.queue_wait.total)
-        yield wait
+        yield _histogram("schedguard_guard_queue_wait_seconds", "queue_wait", m.queue_wait)
         yield _counter("schedguard_guard_upstream_aborts", "aborts", ["reason"], m.aborts)
         checks = CounterMetricFamily(
             "schedguard_guard_check_seconds",
@@ -203,6 +195,12 @@ def _counter(
     for label_values, value in sorted(values.items()):
         family.add_metric(list(label_values), value)
     return family
+
+
+def _histogram(name: str, help_key: str, hist: Histogram) -> HistogramMetricFamily:
+    out = HistogramMetricFamily(name, _HELP[help_key], labels=[])
+    out.add_metric([], hist.buckets(), hist.total)
+    return out
 
 
 def _histograms(name: str, help_key: str, family: _Family) -> HistogramMetricFamily:

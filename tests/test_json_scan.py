@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from guard import json_scan
-from guard._json_pattern import MAX_SUPPORTED_DEPTH
+from guard._json_pattern import MAX_SUPPORTED_DEPTH, neutralise
 from guard.errors import GuardError, LimitExceeded
 from guard.isolation import run_limited
 from guard.json_scan import JsonLimits, json_depth, parse_json_body
@@ -659,13 +659,14 @@ def test_mutated_json_returns_or_raises_guard_error(
 
 def test_escaped_quotes_cannot_pass_string_brackets_off_as_structure() -> None:
     # Strings holding "]]]..." before a deep array and "[[[..." after it lower the nesting that
-    # brackets and quotes alone would show, if escaped quotes were taken as string ends.
+    # brackets and quotes alone would show, if escaped quotes were taken as string ends (the
+    # shortcut reads the body as the parse gives it: escapes neutralised).
     limits = JsonLimits()
     k = limits.max_depth - 1
     inner = "[" * (limits.max_depth - 2) + "]" * (limits.max_depth - 2)
     closers, openers = json.dumps('"' + "]" * k + '"'), json.dumps('"' + "[" * k + '"')
     body = ("[" * k + closers + "," + inner + "," + openers + "]" * k).encode()
-    assert not json_scan._within_structure_limits(body, limits)
+    assert not json_scan._within_structure_limits(neutralise(body), limits)
     with pytest.raises(GuardError) as err:
         parse_json_body(body, limits)
     assert err.value.code == "json_depth_exceeded"
