@@ -333,6 +333,8 @@ def guarded_tojson(
     elif isinstance(indent, int):
         state.check_width(indent, "tojson indent")
         indent_len = max(indent, 0)
+    elif not isinstance(x, (list, tuple, dict)):
+        indent_len = None  # json.dumps never reads the indent of a scalar: plain Jinja renders it
     else:
         raise TemplateError(CODE_RENDER_FAILED, "tojson indent must be an integer or a string")
     if separators is not None:
