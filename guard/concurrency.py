@@ -167,9 +167,12 @@ class Slot:
     async def __aenter__(self) -> Slot:
         if self._entered is not None:
             raise RuntimeError("a Slot can be entered only once")
-        self._key, self._entered, self.waited_s = await self._limiter._acquire(
-            self._tenant, self._limits
-        )
+        limiter = self._limiter
+        entered = limiter._enter_now(self._tenant, self._limits)
+        if entered is not None:  # the common case: room at once, no coroutine to run
+            self._key, self._entered = entered
+            return self
+        self._key, self._entered, self.waited_s = await limiter._acquire(self._tenant, self._limits)
         return self
 
     async def __aexit__(
@@ -223,6 +226,25 @@ class ConcurrencyLimiter:
     def tracked_keys(self) -> int:
         """Keys with requests in flight or waiting (the others are forgotten)."""
         return len(self._keys)
+
+    def _enter_now(
+        self, tenant: str, limits: ConcurrencyLimits
+    ) -> tuple[_Gate | None, float] | None:
+        """Take both slots when both gates have room and nobody waits; None otherwise (the
+        caller then queues through :meth:`_acquire`, which sees the same gates)."""
+        key = self._key_gate(tenant, limits)
+        if key is not None and (key.active >= key.limit or key.waiters):
+            return None
+        glob = self._global
+        if glob is not None and (glob.active >= glob.limit or glob.waiters):
+            return None
+        if key is not None:
+            key.active += 1
+        if glob is not None:
+            glob.active += 1
+        self.in_flight += 1
+        self.metrics.admit(tenant, 0.0, False)
+        return key, asyncio.get_running_loop().time()
 
     async def _acquire(
         self, tenant: str, limits: ConcurrencyLimits

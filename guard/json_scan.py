@@ -31,7 +31,7 @@ never echo body text beyond a few dozen characters of one key.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -254,19 +254,29 @@ class _ObjectRefused(Exception):
         self.key = key
 
 
-def _pairs_hook(max_keys: int, max_total: int) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
-    calls = 0
-    total = 0
+class _PairsHook:
+    """The parser's ``object_pairs_hook``: builds each object, refusing duplicate keys and
+    counting keys per object and in all. Reset before each parse (see :class:`_Parser`)."""
 
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal calls, total
-        calls += 1
+    __slots__ = ("calls", "max_keys", "max_total", "total")
+
+    def __init__(self) -> None:
+        self.reset(0, 0)
+
+    def reset(self, max_keys: int, max_total: int) -> None:
+        self.calls = 0
+        self.total = 0
+        self.max_keys = max_keys
+        self.max_total = max_total
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        self.calls += 1
         count = len(pairs)
-        if count > max_keys:
+        if count > self.max_keys:
             raise _ObjectRefused(
                 "json_too_many_keys",
-                calls,
-                f"JSON object of {count} keys exceeds the limit of {max_keys}",
+                self.calls,
+                f"JSON object of {count} keys exceeds the limit of {self.max_keys}",
             )
         obj = dict(pairs)
         if len(obj) != count:
@@ -274,19 +284,28 @@ def _pairs_hook(max_keys: int, max_total: int) -> Callable[[list[tuple[str, Any]
             for key, _ in pairs:  # pragma: no branch - a duplicate exists
                 if key in seen:
                     raise _ObjectRefused(
-                        "json_duplicate_key", calls, "duplicate JSON object key", key
+                        "json_duplicate_key", self.calls, "duplicate JSON object key", key
                     )
                 seen.add(key)
-        total += count
-        if total > max_total:
+        self.total += count
+        if self.total > self.max_total:
             raise _ObjectRefused(
                 "json_too_many_keys",
-                calls,
-                f"JSON body exceeds the limit of {max_total} object keys in total",
+                self.calls,
+                f"JSON body exceeds the limit of {self.max_total} object keys in total",
             )
         return obj
 
-    return hook
+
+class _Parser(threading.local):
+    """A decoder and its hook per thread, built once: ``json.loads`` with hooks builds a new
+    decoder and scanner on every call, which costs more than parsing a small body."""
+
+    def __init__(self) -> None:
+        self.hook = _PairsHook()
+        self.decoder = json.JSONDecoder(
+            object_pairs_hook=self.hook, parse_constant=_reject_constant
+        )
 
 
 class _ConstantRefused(Exception):
@@ -295,6 +314,9 @@ class _ConstantRefused(Exception):
 
 def _reject_constant(name: str) -> NoReturn:
     raise _ConstantRefused(name)
+
+
+_PARSER = _Parser()
 
 
 def _structure(limits: JsonLimits) -> pattern.StructureScan:
@@ -306,12 +328,12 @@ def _structure(limits: JsonLimits) -> pattern.StructureScan:
 def _parse(
     text: str, scan: bytes, body: bytes, limits: JsonLimits, structure: pattern.StructureScan
 ) -> Any:
+    parser = _PARSER
+    parser.hook.reset(limits.max_keys_per_object, limits.max_total_keys)
     try:
-        return json.loads(
-            text,
-            object_pairs_hook=_pairs_hook(limits.max_keys_per_object, limits.max_total_keys),
-            parse_constant=_reject_constant,
-        )
+        if text.startswith("\ufeff"):  # as json.loads refuses it
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        return parser.decoder.decode(text)
     except _ObjectRefused as refused:
         end = locate.nth_object_end(scan, refused.ordinal)
         path = locate.path_at(scan, body, end, structure) if end >= 0 else None

@@ -37,6 +37,25 @@ def _cap(code: str, name: str, value: int, limit: int, *, negative_is_all: bool 
         )
 
 
+# Every top-level field the check reads besides messages; a body with none of them passes
+# all but the messages part (absent fields are None, and None passes each cap).
+_FANOUT_FIELDS = frozenset(
+    {
+        "n",
+        "best_of",
+        "logprobs",
+        "top_logprobs",
+        "top_n_tokens",
+        "prompt_logprobs",
+        "prompt",
+        "input",
+        "min_tokens",
+        "stop",
+        "logit_bias",
+    }
+)
+
+
 def _count(items: Any) -> int:
     return len(items) if isinstance(items, list | dict) else 0
 
@@ -47,6 +66,9 @@ def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
     if body is None:
         return None
     limits = policy.limits.fanout
+    if body.keys().isdisjoint(_FANOUT_FIELDS):  # the usual request: only messages to count
+        _check_messages(body, limits.max_messages, limits.max_content_parts)
+        return None
     endpoint = view.endpoint
 
     n = lax_int(body.get("n"))
