@@ -47,6 +47,8 @@ __all__ = [
 _HIGH_WATER = 256 * 1024
 _MAX_HEADER_BYTES = 64 * 1024
 _MAX_HEADER_COUNT = 256
+# Status line and line ends on top of the header bytes counted by name and value.
+_HEAD_SLACK = 4 * 1024 + 4 * _MAX_HEADER_COUNT
 
 
 class ClientError(Exception):
@@ -132,6 +134,7 @@ class _Connection(asyncio.Protocol):
     def _reset_exchange(self) -> None:
         self._headers: list[tuple[bytes, bytes]] = []
         self._header_bytes = 0
+        self._head_bytes = 0
         self._length: int | None = None
         self._chunked = False
         self._received = False
@@ -197,6 +200,7 @@ class _Connection(asyncio.Protocol):
     def release(self) -> None:
         if self.body_read and self._reusable and not self.closed and self._error is None:
             self._cancel_timer()
+            self._head = None  # idle: any byte from now on is unsolicited
             self.pool._release(self)
         else:
             self.close()
@@ -240,7 +244,9 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._head is None:  # bytes nobody asked for: the connection cannot be trusted
+        if self._head is None or self.body_read:
+            # Bytes nobody asked for (on an idle connection, or after the whole response):
+            # the connection cannot be trusted with another exchange.
             self.close()
             return
         self._received = True
@@ -249,8 +255,18 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(ResponseBroken("the upstream switched protocols"))
+            return
         except httptools.HttpParserError as exc:
-            self._fail(ResponseBroken(f"malformed upstream response: {exc}"))
+            if self.body_read:  # the response is whole; what followed it is not one
+                self.close()
+            else:
+                self._fail(ResponseBroken(f"malformed upstream response: {exc}"))
+            return
+        if not self._headers_done:
+            # httptools holds a header line until it ends: cap what it may hold.
+            self._head_bytes += len(data)
+            if self._head_bytes > _MAX_HEADER_BYTES + _HEAD_SLACK:
+                self._fail(ResponseBroken("upstream response headers over the caps"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         was_closed = self.closed
@@ -259,8 +275,8 @@ class _Connection(asyncio.Protocol):
         self.pool._forget(self)
         if self._head is None or self.body_read or self._error is not None:
             return
-        if self._headers_done and self._length is None and not self._chunked:
-            self._message_done()  # a body delimited by the end of the connection
+        if exc is None and self._headers_done and self._length is None and not self._chunked:
+            self._message_done()  # a body delimited by a clean end of the connection
             return
         if was_closed:
             error: ResponseBroken = ResponseBroken("the connection was closed")
@@ -271,6 +287,10 @@ class _Connection(asyncio.Protocol):
         self._fail(error)
 
     # httptools callbacks
+
+    def on_message_begin(self) -> None:
+        if self.body_read:  # a second response to one request
+            raise ValueError("more than one response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
@@ -462,6 +482,10 @@ class ConnectionPool:
                     else:
                         self._wake_waiter()
                 raise
+            if self._closed:
+                if conn is not None:
+                    conn.close()
+                raise ConnectFailed("the connection pool is closed")
             if conn is not None and not conn.closed and not fresh:
                 return conn
             if conn is not None:
@@ -521,11 +545,11 @@ class ConnectionPool:
     async def aclose(self) -> None:
         """Close every connection; requests after this fail with :class:`ConnectFailed`."""
         self._closed = True
+        waiters, self._waiters = self._waiters, collections.deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectFailed("the connection pool is closed"))
         for conn in list(self._open):
             conn.close()
         self._idle.clear()
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_exception(ConnectFailed("the connection pool is closed"))
-        self._waiters.clear()
         await asyncio.sleep(0)  # let the transports run their close callbacks
