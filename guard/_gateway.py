@@ -31,7 +31,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from guard._disconnect import DISCONNECT_EXTENSION, DisconnectHook
 from guard._sse_relay import SseRelay, error_event
-from guard.access_log import AccessLog
+from guard.access_log import AccessLog, RequestFields
 from guard.concurrency import ConcurrencyLimiter, ConcurrencyLimits
 from guard.errors import GuardError, NotFound
 from guard.framing import ClientDisconnected, FramingLimits, inspect_head, read_body
@@ -603,25 +603,25 @@ class Gateway:
         self.metrics.request_done(ex.route, ex.status, duration)
         if ex.tenant is not None and ex.status < 400:
             self.metrics.tokens_used(ex.tenant, ex.prompt_tokens, ex.completion_tokens)
-        self.access_log.emit(
-            {
-                "request_id": ex.request_id,
-                "method": ex.method,
-                "route": ex.route,
-                "status": ex.status,
-                "code": ex.code,
-                "upstream_code": ex.upstream_code,
-                "tenant": ex.tenant,
-                "stream": ex.stream,
-                "duration_ms": round(duration * 1000, 3),
-                "guard_ms": round(ex.overhead_s * 1000, 3),
-                "queue_ms": None if ex.queue_s is None else round(ex.queue_s * 1000, 3),
-                "upstream_ms": None if ex.upstream_s is None else round(ex.upstream_s * 1000, 3),
-                "prompt_tokens": ex.prompt_tokens,
-                "completion_tokens": ex.completion_tokens,
-                "bytes_in": ex.bytes_in,
-                "bytes_out": ex.bytes_out,
-            }
+        self.access_log.emit_request(
+            RequestFields(
+                ex.request_id,
+                ex.method,
+                ex.route,
+                ex.status,
+                ex.code,
+                ex.upstream_code,
+                ex.tenant,
+                ex.stream,
+                duration,
+                ex.overhead_s,
+                ex.queue_s,
+                ex.upstream_s,
+                ex.prompt_tokens,
+                ex.completion_tokens,
+                ex.bytes_in,
+                ex.bytes_out,
+            )
         )
         if span is not None:
             span.set_many(

@@ -59,6 +59,9 @@ def uvicorn_config(
         # Streams in flight get this long to finish on shutdown, then are cut.
         "timeout_graceful_shutdown": 10,
         "server_header": False,
+        # Nothing in the guard reads the client address, so X-Forwarded-* from a peer is not
+        # trusted either (and the middleware that would apply it costs on every request).
+        "proxy_headers": False,
     }
 
 

@@ -93,6 +93,13 @@ def _json(unit: PromptUnit, body: dict[str, Any], name: str) -> None:
         unit.add((name,), compact_json(value))
 
 
+# Message keys and top-level fields besides messages that hold prompt text (read below).
+_MESSAGE_TEXT_KEYS = frozenset({"name", "reasoning_content", "reasoning", "tool_calls"})
+_CHAT_TEXT_FIELDS = frozenset(
+    {"tools", "functions", "documents", "prompt_template", "template_vars"}
+)
+
+
 def _chat(body: dict[str, Any], per_message: int) -> PromptUnit:
     unit = PromptUnit(path=("messages",))
     messages = body.get("messages")
@@ -102,6 +109,8 @@ def _chat(body: dict[str, Any], per_message: int) -> PromptUnit:
             if not isinstance(message, dict):
                 continue
             _content(unit, ("messages", i, "content"), message.get("content"))
+            if _MESSAGE_TEXT_KEYS.isdisjoint(message):  # the usual {"role", "content"}
+                continue
             for key in ("name", "reasoning_content", "reasoning"):
                 unit.add(("messages", i, key), message.get(key))
             calls = message.get("tool_calls")
@@ -112,9 +121,10 @@ def _chat(body: dict[str, Any], per_message: int) -> PromptUnit:
                         at = ("messages", i, "tool_calls", j, "function")
                         unit.add((*at, "name"), function.get("name"))
                         unit.add((*at, "arguments"), function.get("arguments"))
-    for name in ("tools", "functions", "documents"):
-        _json(unit, body, name)
-    _templates(unit, body)
+    if not _CHAT_TEXT_FIELDS.isdisjoint(body):
+        for name in ("tools", "functions", "documents"):
+            _json(unit, body, name)
+        _templates(unit, body)
     return unit
 
 
