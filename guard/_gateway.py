@@ -39,7 +39,7 @@ from guard.metrics import GuardMetrics
 from guard.pipeline import Verdict, evaluate_body
 from guard.policy import ANONYMOUS_TENANT, KeyEntry, Policy
 from guard.proxy import Upstream, UpstreamError, UpstreamResponse, response_headers
-from guard.ratelimit import RateLimiter, RateLimits, Reservation
+from guard.ratelimit import MemoryRateLimiter, RateLimiter, RateLimits, Reservation
 from guard.request_view import KEPT_HEADERS, normalise_headers, resolve_key
 from guard.tracing import RequestSpan, Tracing
 
@@ -228,6 +228,9 @@ class Gateway:
         self.policy = policy
         self.upstream = upstream
         self.limiter = limiter
+        self._reserve_now = (
+            limiter.reserve_nowait if type(limiter) is MemoryRateLimiter else None
+        )
         self.concurrency = concurrency
         self.metrics = metrics
         self.access_log = access_log
@@ -418,9 +421,13 @@ class Gateway:
             raise GuardError("unexpected_body", f"GET {ex.route} takes no body")
         overhead += time.perf_counter() - t_checked
         t_limit = time.perf_counter()
-        reservation = await self.limiter.reserve(
-            ex.tenant, limits=self.rate_limits(entry), requests=1, tokens=reserve_tokens
-        )
+        limits = self.rate_limits(entry)
+        if self._reserve_now is not None:  # in memory: no coroutine needed
+            reservation = self._reserve_now(ex.tenant, limits=limits, tokens=reserve_tokens)
+        else:
+            reservation = await self.limiter.reserve(
+                ex.tenant, limits=limits, requests=1, tokens=reserve_tokens
+            )
         overhead += time.perf_counter() - t_limit
         ex.overhead_s = overhead
         self.metrics.overhead.observe(overhead)
