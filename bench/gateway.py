@@ -6,8 +6,9 @@ One run starts, each in its own process group under ``RLIMIT_AS``:
 - a fast mock OpenAI upstream (``bench/_mock_upstream.py``: canned answers, raw asyncio);
 - the guard, ``schedguard serve --upstream <mock> --workers 1`` with a bench policy (no API
   keys, rate and concurrency limits far above the load);
-- a minimal pass-through proxy on the same HTTP stack and the same aiohttp client settings
-  (``bench/_passthrough.py``);
+- a minimal pass-through proxy on the same HTTP server stack with an aiohttp client, the
+  yardstick the issue names (``bench/_passthrough.py``; the guard's own client is
+  ``guard._http_client``);
 - with ``--baseline-src DIR``, a second guard whose ``guard`` package is imported from ``DIR``
   (say ``git archive HEAD guard | tar -x -C DIR``), to compare before and after in one run.
 

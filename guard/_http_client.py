@@ -408,6 +408,8 @@ class ConnectionPool:
         """Send one request (``path`` joined to the base URL's path, query included) and
         return once the response headers are in. ``headers`` must not carry ``host`` or
         framing headers: the client writes those."""
+        if method == "HEAD":  # the parser would wait for a body that never comes
+            raise ValueError("HEAD requests are not supported by this client")
         head = self._head(method, path, headers, body)
         cfg = self.config
         total = cfg.total_timeout_s if total_timeout_s is None else total_timeout_s
