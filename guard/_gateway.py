@@ -228,9 +228,7 @@ class Gateway:
         self.policy = policy
         self.upstream = upstream
         self.limiter = limiter
-        self._reserve_now = (
-            limiter.reserve_nowait if type(limiter) is MemoryRateLimiter else None
-        )
+        self._reserve_now = limiter.reserve_nowait if type(limiter) is MemoryRateLimiter else None
         self.concurrency = concurrency
         self.metrics = metrics
         self.access_log = access_log
