@@ -608,7 +608,7 @@ class Gateway:
         self.metrics.request_done(ex.route, ex.status, duration)
         if ex.tenant is not None and ex.status < 400:
             self.metrics.tokens_used(ex.tenant, ex.prompt_tokens, ex.completion_tokens)
-        self.access_log.emit_request(
+        self.access_log.emit(
             RequestFields(
                 ex.request_id,
                 ex.method,

@@ -46,33 +46,14 @@ class AccessLog:
         self._pending: list[tuple[float, dict[str, Any] | RequestFields]] = []
         self._scheduled = False
 
-    def emit(self, fields: dict[str, Any]) -> None:
-        """Log one request; ``fields`` (None values left out) is the caller's to give away."""
+    def emit(self, fields: dict[str, Any] | RequestFields) -> None:
+        """Log one request: a dict (None values left out) or, for a proxied request, its
+        :class:`RequestFields`; either is the caller's to give away."""
         if not self.enabled:
             return
         if self._stream is None:
             if self.logger.isEnabledFor(logging.INFO):
-                self.logger.info(_line(time.time(), fields))
-            return
-        self._pending.append((time.time(), fields))
-        if len(self._pending) >= _MAX_BUFFERED:
-            self.flush()
-        elif not self._scheduled:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush()
-                return
-            self._scheduled = True
-            loop.call_later(self._interval, self.flush)
-
-    def emit_request(self, fields: RequestFields) -> None:
-        """Log one proxied request: :meth:`emit` for the gateway's fixed set of fields."""
-        if not self.enabled:
-            return
-        if self._stream is None:
-            if self.logger.isEnabledFor(logging.INFO):
-                self.logger.info(_request_line(time.time(), fields))
+                self.logger.info(_render(time.time(), fields))
             return
         self._pending.append((time.time(), fields))
         if len(self._pending) >= _MAX_BUFFERED:
@@ -91,10 +72,7 @@ class AccessLog:
         if not self._pending or self._stream is None:
             return
         pending, self._pending = self._pending, []
-        lines = [
-            _request_line(at, fields) if isinstance(fields, RequestFields) else _line(at, fields)
-            for at, fields in pending
-        ]
+        lines = [_render(at, fields) for at, fields in pending]
         text = "\n".join(lines) + "\n"
         try:
             self._stream.write(text)
@@ -176,6 +154,10 @@ def _request_line(at: float, f: RequestFields) -> str:
         "}",
     )
     return "".join(parts)
+
+
+def _render(at: float, fields: dict[str, Any] | RequestFields) -> str:
+    return _request_line(at, fields) if isinstance(fields, RequestFields) else _line(at, fields)
 
 
 def _line(at: float, fields: dict[str, Any]) -> str:
