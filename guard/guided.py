@@ -297,6 +297,13 @@ _NUMBER_KEYWORDS = frozenset(
 )
 _REF_KEYWORDS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
 _BOOL_TARGET = -2
+# What _lookup returns for a $ref it cannot resolve, and the message each gets.
+_REF_NOT_LOCAL, _REF_ANCHOR, _REF_UNRESOLVED = -3, -4, -5
+_REF_ERRORS = {
+    _REF_NOT_LOCAL: "only local $ref values ('#' or '#/...') are allowed",
+    _REF_ANCHOR: "$ref anchors are not supported",
+    _REF_UNRESOLVED: "$ref does not resolve to a schema",
+}
 
 
 def _is_list(value: Any) -> bool:
@@ -500,22 +507,29 @@ class _SchemaWalk:
 
     # -- $ref ----------------------------------------------------------------------------------
 
-    def _resolve(self, ref: str, site: int, key: str) -> int:
-        path = self.path_of(site, key)
+    def _resolve(self, ref: str, site: int, key: str, resolved: dict[str, int]) -> int:
+        """The index of the schema ``ref`` names (``resolved`` caches it by the ref's text: a
+        ref bomb repeats a few refs many times); the error's path is built only on failure."""
+        target = resolved.get(ref)
+        if target is None:
+            target = self._lookup(ref)
+            if target in _REF_ERRORS:
+                _invalid("guided_schema_invalid", _REF_ERRORS[target], self.path_of(site, key))
+            resolved[ref] = target
+        return target
+
+    def _lookup(self, ref: str) -> int:
+        """The index of the schema ``ref`` names, or a negative key of ``_REF_ERRORS``."""
         if not ref.startswith("#"):
-            _invalid(
-                "guided_schema_invalid",
-                "only local $ref values ('#' or '#/...') are allowed",
-                path,
-            )
+            return _REF_NOT_LOCAL
         if ref == "#":
             return 0
         if not ref.startswith("#/"):
-            _invalid("guided_schema_invalid", "$ref anchors are not supported", path)
+            return _REF_ANCHOR
         node: Any = self.root
         tokens = ref[2:].split("/", self.limits.max_schema_depth + 1)
         if len(tokens) > self.limits.max_schema_depth:
-            _invalid("guided_schema_invalid", "$ref does not resolve to a schema", path)
+            return _REF_UNRESOLVED
         for raw in tokens:
             token = unquote(raw).replace("~1", "/").replace("~0", "~")
             if isinstance(node, Mapping) and token in node:
@@ -523,13 +537,10 @@ class _SchemaWalk:
             elif _is_list(node) and token.isdigit() and len(token) < 10 and int(token) < len(node):
                 node = node[int(token)]
             else:
-                _invalid("guided_schema_invalid", "$ref does not resolve to a schema", path)
+                return _REF_UNRESOLVED
         if isinstance(node, bool):
             return _BOOL_TARGET
-        target = self.schema_index.get(id(node))
-        if target is None:
-            _invalid("guided_schema_invalid", "$ref does not resolve to a schema", path)
-        return target
+        return self.schema_index.get(id(node), _REF_UNRESOLVED)
 
     def _expand_refs(self) -> None:
         """Size and depth of the schema with every $ref inlined, by dynamic programming over the
@@ -560,7 +571,8 @@ class _SchemaWalk:
                 self.path_of(site, key),
             )
         sites = [site for site, _, _ in self.refs]  # ascending: recorded in pre-order
-        targets = [self._resolve(ref, site, key) for site, ref, key in self.refs]
+        resolved: dict[str, int] = {}
+        targets = [self._resolve(ref, site, key, resolved) for site, ref, key in self.refs]
         cap = limits.max_schema_nodes + 1
         size: dict[int, int] = {}
         span: dict[int, int] = {}

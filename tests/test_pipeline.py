@@ -44,6 +44,18 @@ def test_benign_request_is_allowed_with_costs_and_mutations() -> None:
     assert verdict.view is not None and verdict.view.tenant == "anonymous"
 
 
+def test_counts_are_judged_before_the_schema_types_each_item() -> None:
+    # 2,000 messages, the first of a role no upstream knows: the count (fan-out, O(1)) refuses
+    # the body before the schema check walks the messages.
+    body = {"model": "m", "messages": [{"role": "wizard", "content": "x"}] * 2000}
+    verdict = evaluate(body)
+    assert verdict.code == "messages_exceeded"
+    assert "schema" not in verdict.durations
+    # Within the count, the schema still types every message.
+    body["messages"] = body["messages"][:3]
+    assert evaluate(body).code == "invalid_value"
+
+
 def test_forward_body_applies_mutations_only_when_needed() -> None:
     raw = json.dumps({"model": "m", "messages": MSG}).encode()
     verdict = evaluate_body(raw, CHAT, {}, P)

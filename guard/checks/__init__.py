@@ -36,8 +36,8 @@ __all__ = [
 
 CHECKS: Mapping[str, CheckFn] = MappingProxyType(
     {
-        "schema": check_schema,
         "fanout": check_fanout,
+        "schema": check_schema,
         "templates": check_templates,
         "multimodal": check_multimodal,
         "tokens": check_tokens,

@@ -158,12 +158,24 @@ def _token_ids(value: list[Any], path: Path) -> None:
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
+# The usual message: a role and string content, typed in one pass with no path built.
+_PLAIN_MESSAGE_KEYS = frozenset({"role", "content"})
+
+
 def messages(value: Any, path: Path) -> None:
     if not isinstance(value, list):
         raise _type_error(path, "an array of messages")
     if not value:
         raise _value_error(path, "must not be empty")
     for i, message in enumerate(value):
+        if (
+            type(message) is dict
+            and message.keys() <= _PLAIN_MESSAGE_KEYS
+            and type(message.get("role")) is str
+            and message["role"] in ROLES
+            and type(message.get("content")) is str
+        ):
+            continue
         at = (*path, i)
         if not isinstance(message, dict):
             raise _type_error(at, "an object")
