@@ -6,12 +6,15 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from guard.checks import CheckResult, check_templates
 from guard.checks._placeholders import bound_expansion, parse_source
 from guard.errors import GuardError
 from guard.policy import Policy, default_policy, policy_from_yaml
 from guard.request_view import RequestView
+from guard.template_scan import scan_template
 
 P = default_policy()
 ALLOW = policy_from_yaml("limits: {templates: {allow_request_chat_template: true}}")
@@ -167,7 +170,8 @@ def test_placeholder_bounds_directly() -> None:
     source = parse_source("ab{{x}}cd{{ {{y}}z }}e")
     assert source.literal == 5
     assert source.max_depth == 2
-    assert source.refs == ((1, "x"), (2, "y"), (1, None))
+    assert source.refs == ((1, "x", 1), (2, "y", 1), (1, None, 1))
+    assert parse_source("{{a}}{{b}}{{a}}").refs == ((1, "a", 2), (1, "b", 1))
     variables = {"x": parse_source("xxx"), "y": parse_source("q")}
     bound = bound_expansion(source, variables, 8, 10**6)
     assert bound.too_deep is None
@@ -249,3 +253,13 @@ def test_scan_only_mode_compiles_but_does_not_render() -> None:
     err = rejection({"chat_template_kwargs": {"chat_template": 5}}, SCAN_ONLY)
     assert err.code == "chat_template_invalid"
     assert err.param == "chat_template_kwargs.chat_template"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["{{", "}}", "{", "}", "a", " ", "\n", "é"]), max_size=16))
+def test_flat_placeholders_read_in_one_pass_agree_with_the_general_reader(parts: list[str]) -> None:
+    text = "".join(parts)
+    if scan_template(text).error_code is not None:
+        return  # parse_source reads balanced text only
+    # A weigh other than len takes the general path (runs of literal text measured one by one).
+    assert parse_source(text) == parse_source(text, weigh=lambda run: len(run))
