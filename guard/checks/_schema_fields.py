@@ -74,9 +74,15 @@ def string_or_object(value: Any, path: Path) -> None:
         raise _type_error(path, "a string or an object")
 
 
+_INT_ONLY = frozenset({int})
+_STR_ONLY = frozenset({str})
+
+
 def string_list(value: Any, path: Path) -> None:
     if not isinstance(value, list):
         raise _type_error(path, "an array of strings")
+    if _STR_ONLY.issuperset(map(type, value)):  # in C; the loop below only finds the culprit
+        return
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise _type_error((*path, i), "a string")
@@ -85,6 +91,8 @@ def string_list(value: Any, path: Path) -> None:
 def int_list(value: Any, path: Path) -> None:
     if not isinstance(value, list):
         raise _type_error(path, "an array of integers")
+    if _INT_ONLY.issuperset(map(type, value)):  # in C; the loop below only finds the culprit
+        return
     for i, item in enumerate(value):
         if not is_int(item):
             raise _type_error((*path, i), "an integer")
@@ -148,6 +156,11 @@ def prompt(value: Any, path: Path) -> None:
 
 
 def _token_ids(value: list[Any], path: Path) -> None:
+    # Types, then range, each in C; the loop below runs only to name the culprit.
+    if not value or (
+        _INT_ONLY.issuperset(map(type, value)) and min(value) >= 0 and max(value) <= _MAX_TOKEN_ID
+    ):
+        return
     for i, item in enumerate(value):
         if not is_int(item):
             raise _type_error((*path, i), "a token id (an integer)")
