@@ -28,7 +28,9 @@ Modes (any combination; the throughput mode when none is given):
   ``layer: pipeline``), replayed at 1 connection: per class, its payloads of at most 100 KB in
   turn (p50, p99); then each larger payload alone (p50, p99, microseconds per KB, to show the
   cost is linear in the size). Each payload is sent once first to check the guard answers the
-  expected status and code. Target: p99 <= 1 ms for every class.
+  expected status and code. Target: p99 <= 1 ms for every class. The floor, the cheapest
+  refusal (a 1-byte invalid body) measured the same way before and after the classes, shows
+  what of that is the round trip and the machine rather than the checks.
 - ``--rss``: the guard's RSS (psutil; peak from the kernel's high-water mark) after
   ``--rss-requests`` (100,000) requests mixing the benign corpus and the attacks in equal
   numbers, at 8 connections. Target: <= 150 MB.
@@ -281,6 +283,12 @@ class Request:
     path: str
     body: bytes
     headers: Sequence[tuple[str, str]] = (("Content-Type", "application/json"),)
+
+
+# The cheapest refusal: one byte the parser refuses at once (400 invalid_json). Its latency is
+# the HTTP round trip and the machine's noise, with next to no checking: the floor under every
+# rejection class.
+FLOOR_REQUEST = Request(CHAT, b"{")
 
 
 def _lua_string(text: str) -> str:
@@ -551,6 +559,12 @@ def reject(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> 
         if len(a.body) <= SMALL_BODY_MAX:
             by_class.setdefault(a.class_, []).append(a)
     others = [servers[n] for n in ("guard_baseline",) if n in servers.servers]
+    floor_script = write_script(work, "reject-floor", [FLOOR_REQUEST])
+    floor_runs = [measured(wrk, guard, guard.url, floor_script, 1, args.reject_duration)]
+    log(
+        f"reject floor (1-byte invalid JSON)  p50 {floor_runs[0]['p50_us'] / 1000:6.3f} ms  "
+        f"p99 {floor_runs[0]['p99_us'] / 1000:6.3f} ms"
+    )
     for class_, group in sorted(by_class.items())[: 3 if args.quick else None]:
         script = write_script(work, f"reject-{class_}", [a.request for a in group])
         row = measured(wrk, guard, guard.url, script, 1, args.reject_duration)
@@ -577,6 +591,7 @@ def reject(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> 
             f"reject {class_:<24} {len(group):>3} payloads  p50 {row['p50_us'] / 1000:6.3f} ms  "
             f"p99 {row['p99_us'] / 1000:6.3f} ms"
         )
+    floor_runs.append(measured(wrk, guard, guard.url, floor_script, 1, args.reject_duration))
     large = sorted((a for a in attacks if len(a.body) > SMALL_BODY_MAX), key=lambda a: len(a.body))
     if args.quick:
         large = large[:1]
@@ -617,6 +632,14 @@ def reject(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> 
             for a in slowest
         ],
         "large": big_rows,
+        "floor": {
+            "what": "the cheapest refusal (a 1-byte invalid JSON body), before and after the "
+            "classes: the HTTP round trip and this machine's noise, nearly no checking",
+            "p50_ms": [r["p50_us"] / 1000 for r in floor_runs],
+            "p99_ms": [r["p99_us"] / 1000 for r in floor_runs],
+            "cpu_us_per_request": [r["cpu_us_per_request"] for r in floor_runs],
+            "non_4xx": sum(r["requests"] - r["non_2xx"] for r in floor_runs),
+        },
         "worst_class": worst[0],
         "worst_p99_ms": worst[1]["p99_ms"] if worst[1] else None,
         "mismatched": mismatched,
@@ -731,6 +754,10 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"{class_:<40} {c['payloads']:>3} {c['max_body_bytes'] / 1000:7.1f} "
                   f"{c['p50_ms']:8.3f} {c['p99_ms']:8.3f} {c['max_ms']:8.3f} "
                   f"{_fmt(c['cpu_us_per_request'], '10.1f')}")  # fmt: skip
+        floor = rj["floor"]
+        print(f"{'floor: 1-byte invalid JSON (before, after)':<40} {'':>3} {'':>7} "
+              + " / ".join(f"{v:.3f}" for v in floor["p50_ms"]) + "  p99 "
+              + " / ".join(f"{v:.3f}" for v in floor["p99_ms"]))  # fmt: skip
         print(f"worst p99: {_fmt(rj['worst_p99_ms'], '.3f')} ms ({rj['worst_class']}); "
               "target <= 1 ms")  # fmt: skip
         if rj["large"]:
