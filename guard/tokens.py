@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -86,6 +87,11 @@ class TokenCounter(ABC):
         """The exact count if it is at most ``limit``; else some value above ``limit``, returned
         as soon as that is known."""
         return self.measure(text, limit, exact=True).tokens
+
+    def lower_bound_of_sum(self, texts: Sequence[str]) -> int:
+        """A lower bound on the sum of the texts' counts, each tokenized alone, in one pass over
+        them all (0 without byte bounds)."""
+        return 0
 
     @abstractmethod
     def incremental(self, limit: int | None, *, param: str | None = None) -> IncrementalTokenCount:
@@ -156,6 +162,15 @@ class BPETokenCounter(TokenCounter):
                 return TokenStats(bound, False, False, "lower_bound", limit, n, b, 0)
         r = self._engine.count(data, limit, exact, weight, cls, splits)
         return TokenStats(r.tokens, r.exact, r.within, "tokenized", limit, n, b, r.tokenized_bytes)
+
+    def lower_bound_of_sum(self, texts: Sequence[str]) -> int:
+        # Both bounds hold for the texts joined: the per-byte weights add up, and joining k
+        # texts adds at most k - 1 class changes, which the k texts' own "+ 1"s cover.
+        weights = self.weights
+        if weights is None or not texts:
+            return 0
+        data = utf8_bytes("".join(texts))
+        return max(weights.tokens(weights.weight(data)), weights.transitions_bound(data))
 
     def incremental(self, limit: int | None, *, param: str | None = None) -> IncrementalTokenCount:
         return IncrementalTokenCount(self, limit, param=param)

@@ -323,3 +323,27 @@ def test_hostile_templates_stay_cheap_for_the_tokens_check_alone() -> None:
         assert time.perf_counter() - start < 0.05
         # Refused here or by the templates check: never expanded.
         assert result.rejection is None or result.rejection.code == "prompt_tokens_exceeded"
+
+
+def test_many_messages_are_refused_from_one_bound_before_any_is_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sentence = "Please summarise the previous message in one short sentence, keeping every name."
+    body = {"model": "m", "messages": [{"role": "user", "content": sentence}] * 400}
+    measured: list[str] = []
+    real_measure = COUNTER.measure
+
+    def spy(text: str, *args: Any, **kwargs: Any) -> Any:
+        measured.append(text)
+        return real_measure(text, *args, **kwargs)
+
+    monkeypatch.setattr(COUNTER, "measure", spy)
+    err = rejection(body, policy=EXACT)
+    assert err.code == "prompt_tokens_exceeded" and err.param == "messages"
+    assert measured == []
+    # When the bound does not decide, each message is still measured alone, and the one that
+    # crosses the cap is named: 25 * 4 overhead + 20 * 100 tokens > 2048.
+    body["messages"] = [{"role": "user", "content": text_of_tokens(100)}] * 25
+    err = rejection(body, policy=EXACT)
+    assert err.code == "prompt_tokens_exceeded" and err.param == "messages[19].content"
+    assert measured

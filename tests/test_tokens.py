@@ -169,6 +169,15 @@ def test_count_is_exact_with_default_sizes(cl100k: BPETokenCounter, text: str) -
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=_HC)
+@given(texts=st.lists(st.one_of(adversarial_text, structured_text, short_text), max_size=8))
+def test_the_bound_over_many_texts_never_exceeds_their_counts_summed(
+    cl100k: BPETokenCounter, texts: list[str]
+) -> None:
+    bound = cl100k.lower_bound_of_sum(texts)
+    assert 0 <= bound <= sum(cl100k.encode_count(t) for t in texts)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=_HC)
 @given(text=adversarial_text, slack=st.integers(-30, 30))
 def test_decisions_and_bounds_are_sound(
     cl100k: BPETokenCounter, small_chunks: None, text: str, slack: int

@@ -168,6 +168,12 @@ def _count(
         used = unit.token_ids + unit.overhead
         if used > limit:
             raise _over(by_context, unit.path, tokens, output)
+        if len(unit.texts) > 1:
+            # Many short texts (400 messages, say) are refused from one bound over them all
+            # before any is measured alone (a tokenizer call or several C passes each).
+            at_least = used + counter.lower_bound_of_sum([text for _, text in unit.texts])
+            if at_least > limit:
+                raise _over(by_context, unit.path, tokens, output)
         for path, text in unit.texts:
             stats = counter.measure(text, limit - used, exact=True)
             if not stats.within_limit:
