@@ -18,9 +18,10 @@ default variables) count as empty. Cost: ``max_depth`` times the number of place
 
 from __future__ import annotations
 
-import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import islice
 
 from guard.template_scan import DELIMITER
 
@@ -79,23 +80,30 @@ def parse_source(text: str, weigh: Callable[[str], int] = len) -> Source:
     return Source(literal, deepest, tuple((d, n, k) for (d, n), k in refs.items()))
 
 
-# One placeholder with no other inside: the delimiters' leftmost tokenisation, for a text whose
-# placeholders do not nest (the first "}}" after an opener closes it).
-_FLAT_PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
+_COUNTER_FROM = 32  # pieces
 
 
 def _flat_source(text: str) -> Source | None:
-    """:func:`parse_source` by length for a balanced text whose placeholders do not nest, in
-    one C pass (a billion-laughs value is twenty flat placeholders); None when they nest."""
-    inner = _FLAT_PLACEHOLDER.findall(text)
+    """:func:`parse_source` by length for a balanced text whose placeholders do not nest, in C
+    passes; None when they nest. Split at the openers, each piece is one placeholder's name,
+    its closer and the literal text after it; equal pieces (a flooded template repeats one)
+    are counted together, so the Python loop runs once per distinct piece."""
+    pieces = text.split("{{")
     refs: dict[tuple[int, str | None], int] = {}
     delimited = 0
-    for name in inner:
-        if "{{" in name:
-            return None
-        delimited += len(name) + 4
+    if len(pieces) > _COUNTER_FROM:
+        counted: Mapping[str, int] = Counter(islice(pieces, 1, None))
+    else:  # building a Counter costs more than a few pieces' loop
+        counted = dict.fromkeys(islice(pieces, 1, None), 0)
+        for piece in islice(pieces, 1, None):
+            counted[piece] += 1
+    for piece, times in counted.items():  # first occurrences in order
+        name, closer, after = piece.partition("}}")
+        if not closer or "}}" in after:
+            return None  # an opener inside a placeholder (or not one closer per opener)
+        delimited += (len(name) + 4) * times
         ref = (1, name.strip())
-        refs[ref] = refs.get(ref, 0) + 1
+        refs[ref] = refs.get(ref, 0) + times
     return Source(len(text) - delimited, 1, tuple((d, n, k) for (d, n), k in refs.items()))
 
 
