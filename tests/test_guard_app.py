@@ -666,6 +666,14 @@ async def test_access_log_stream_sink_batches_lines() -> None:
     assert [line["status"] for line in lines] == [200, 404] and "code" not in lines[0]
     AccessLog(enabled=False, stream=stream).emit({"status": 1})
     assert len(stream.getvalue().splitlines()) == 2
+    # A batch is bounded (a flush holds the event loop while it formats): the 64th line
+    # writes the batch without waiting for the interval.
+    stream = io.StringIO()
+    log = AccessLog(stream=stream, flush_interval_s=3600)
+    for i in range(64):
+        assert stream.getvalue().count("\n") == 0
+        log.emit({"status": 200, "n": i})
+    assert stream.getvalue().count("\n") == 64
 
 
 async def test_token_reservations_are_reconciled_with_the_upstream_usage() -> None:
