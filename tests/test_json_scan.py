@@ -670,3 +670,20 @@ def test_escaped_quotes_cannot_pass_string_brackets_off_as_structure() -> None:
     with pytest.raises(GuardError) as err:
         parse_json_body(body, limits)
     assert err.value.code == "json_depth_exceeded"
+
+
+def test_a_scan_refusal_far_into_the_body_names_its_byte_not_its_path() -> None:
+    limits = JsonLimits(max_containers=1000)
+    near = b'{"a": [' + b"[]," * 999 + b"[]]}"
+    with pytest.raises(LimitExceeded) as err:
+        parse_json_body(near, limits)
+    # The 1,001st container: the object and the outer array, then inner array 998.
+    assert err.value.code == "json_too_many_containers" and err.value.param == "a[998]"
+    # Past the first 64 KiB, naming the path would re-read all of it: the offset alone.
+    pad = json.dumps("x" * (json_scan._LOCATE_WITHIN + 10))
+    far = b'{"pad": ' + pad.encode() + b', "a": [' + b"[]," * 999 + b"[]]}"
+    with pytest.raises(LimitExceeded) as err:
+        parse_json_body(far, limits)
+    offset = far.index(b'"a": [') + len(b'"a": [') + 998 * len(b"[],")
+    assert err.value.code == "json_too_many_containers" and err.value.param is None
+    assert err.value.message.endswith(f"at byte {offset}")
