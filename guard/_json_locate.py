@@ -163,13 +163,15 @@ def _key_text(body: bytes, quote: int) -> str:
     return str(text).encode("utf-8", "replace").decode("utf-8")
 
 
-def nth_object_end(scan: bytes, n: int) -> int:
-    """Offset of the closing brace of the ``n``-th object to close (1-based), or -1.
+def nth_object_end(scan: bytes, n: int, endpos: int | None = None) -> int:
+    """Offset of the closing brace of the ``n``-th object to close (1-based), or -1 (also when
+    it is not before ``endpos``).
 
     The parser's ``object_pairs_hook`` runs as each object closes, so its call count is this
     ``n``. One counted match, in C.
     """
-    m = re.compile(rb'(?:(?:[^"}]++|"[^"]*+")*+\}){%d}' % n).match(scan)
+    pattern = re.compile(rb'(?:(?:[^"}]++|"[^"]*+")*+\}){%d}' % n)
+    m = pattern.match(scan, 0, len(scan) if endpos is None else endpos)
     return -1 if m is None else m.end() - 1
 
 

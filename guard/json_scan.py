@@ -24,8 +24,9 @@ plain ``json.loads`` of the same body: close to it for text, most on dense numbe
 ``bench/json_scan.py``.
 
 Errors carry a stable ``code``, a short message naming the limit and where it was crossed (a
-JSON path such as ``messages[3].content`` and a byte offset; a limit the scans find past the
-first 64 KiB, the offset alone), and that path as ``param``. They
+JSON path such as ``messages[3].content`` and a byte offset; past the first 64 KiB, the
+offset alone, or for a key refused while parsing only that it is past it), and that path as
+``param``. They
 never echo body text beyond a few dozen characters of one key.
 """
 
@@ -43,9 +44,9 @@ from guard.errors import GuardError, LimitExceeded
 __all__ = ["JsonLimits", "json_depth", "parse_json_body"]
 
 _REPEAT_MAX = 2**31 - 1  # well under the regex engine's repeat limit
-# A refusal found by the scans further into the body than this names its byte offset alone:
-# the path walk re-reads everything before the offset with the structural pattern (~100 ns a
-# byte on dense containers: 40 ms of a 450 KB bracket bomb's 50 went to naming the path).
+# A refusal further into the body than this is not named by its path: the path walk re-reads
+# everything before it with the structural pattern (~100 ns a byte on dense containers: 40 ms
+# of a 450 KB bracket bomb's 50 went to naming the path). Scan refusals keep their byte offset.
 _LOCATE_WITHIN = 64 * 1024
 
 
@@ -340,13 +341,17 @@ def _parse(
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
         return parser.decoder.decode(text)
     except _ObjectRefused as refused:
-        end = locate.nth_object_end(scan, refused.ordinal)
-        path = locate.path_at(scan, body, end, structure) if end >= 0 else None
+        cls = GuardError if refused.code == "json_duplicate_key" else LimitExceeded
+        end = locate.nth_object_end(scan, refused.ordinal, _LOCATE_WITHIN + 1)
+        if end < 0:  # past the first 64 KiB: where, not which path (see _LOCATE_WITHIN)
+            key = "" if refused.key is None else f" (key {locate.format_path([refused.key])})"
+            at = f"an object past byte {_LOCATE_WITHIN}{key}"
+            raise cls(refused.code, f"{refused.detail} in {at}") from None
+        path = locate.path_at(scan, body, end, structure)
         if refused.key is not None:
             path = [*(path or []), refused.key]
         where = locate.format_path(path)
-        cls = GuardError if refused.code == "json_duplicate_key" else LimitExceeded
-        at = f"{where or '$'}" + (f" (byte {end})" if end >= 0 and refused.key is None else "")
+        at = f"{where or '$'}" + (f" (byte {end})" if refused.key is None else "")
         raise cls(refused.code, f"{refused.detail} at {at}", param=where) from None
     except _ConstantRefused:
         what = "NaN and Infinity are not valid JSON numbers"
