@@ -88,9 +88,10 @@ class TokenCounter(ABC):
         as soon as that is known."""
         return self.measure(text, limit, exact=True).tokens
 
-    def lower_bound_of_sum(self, texts: Sequence[str]) -> int:
-        """A lower bound on the sum of the texts' counts, each tokenized alone, in one pass over
-        them all (0 without byte bounds)."""
+    def lower_bound_of_sum(self, texts: Sequence[str], enough: int | None = None) -> int:
+        """A lower bound on the sum of the texts' counts, each tokenized alone, from passes over
+        them all at once (0 without byte bounds); once one bound exceeds ``enough`` the others
+        are not computed."""
         return 0
 
     @abstractmethod
@@ -163,14 +164,17 @@ class BPETokenCounter(TokenCounter):
         r = self._engine.count(data, limit, exact, weight, cls, splits)
         return TokenStats(r.tokens, r.exact, r.within, "tokenized", limit, n, b, r.tokenized_bytes)
 
-    def lower_bound_of_sum(self, texts: Sequence[str]) -> int:
+    def lower_bound_of_sum(self, texts: Sequence[str], enough: int | None = None) -> int:
         # Both bounds hold for the texts joined: the per-byte weights add up, and joining k
         # texts adds at most k - 1 class changes, which the k texts' own "+ 1"s cover.
         weights = self.weights
         if weights is None or not texts:
             return 0
         data = utf8_bytes("".join(texts))
-        return max(weights.tokens(weights.weight(data)), weights.transitions_bound(data))
+        bound = weights.tokens(weights.weight(data))
+        if enough is not None and bound > enough:
+            return bound
+        return max(bound, weights.transitions_bound(data))
 
     def incremental(self, limit: int | None, *, param: str | None = None) -> IncrementalTokenCount:
         return IncrementalTokenCount(self, limit, param=param)

@@ -173,8 +173,13 @@ def test_count_is_exact_with_default_sizes(cl100k: BPETokenCounter, text: str) -
 def test_the_bound_over_many_texts_never_exceeds_their_counts_summed(
     cl100k: BPETokenCounter, texts: list[str]
 ) -> None:
+    exact = sum(cl100k.encode_count(t) for t in texts)
     bound = cl100k.lower_bound_of_sum(texts)
-    assert 0 <= bound <= sum(cl100k.encode_count(t) for t in texts)
+    assert 0 <= bound <= exact
+    # Stopping at the first bound past ``enough`` gives a bound past it, still sound.
+    for enough in (0, bound // 2, bound):
+        early = cl100k.lower_bound_of_sum(texts, enough=enough)
+        assert early <= bound and (early > enough or early == bound)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=_HC)

@@ -105,10 +105,16 @@ def _chat(body: dict[str, Any], per_message: int) -> PromptUnit:
     messages = body.get("messages")
     if isinstance(messages, list):
         unit.overhead = per_message * len(messages)
+        texts = unit.texts
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 continue
-            _content(unit, ("messages", i, "content"), message.get("content"))
+            content = message.get("content")
+            if type(content) is str:  # the usual message, without two calls
+                if content:
+                    texts.append((("messages", i, "content"), content))
+            else:
+                _content(unit, ("messages", i, "content"), content)
             if _MESSAGE_TEXT_KEYS.isdisjoint(message):  # the usual {"role", "content"}
                 continue
             for key in ("name", "reasoning_content", "reasoning"):

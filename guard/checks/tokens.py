@@ -133,6 +133,8 @@ def _upper_bound(
             if len(text) > total_limit:  # bytes >= characters: no proof from bytes
                 return None
             size += _utf8_len(text)
+            if total + size > total_limit:  # already past: no proof, whatever follows
+                return None
         size += _template_size(unit, _utf8_len, depth, total_limit + 1)
         if unit_limit is not None and size > unit_limit:
             return None
@@ -171,7 +173,8 @@ def _count(
         if len(unit.texts) > 1:
             # Many short texts (400 messages, say) are refused from one bound over them all
             # before any is measured alone (a tokenizer call or several C passes each).
-            at_least = used + counter.lower_bound_of_sum([text for _, text in unit.texts])
+            texts = [text for _, text in unit.texts]
+            at_least = used + counter.lower_bound_of_sum(texts, enough=limit - used)
             if at_least > limit:
                 raise _over(by_context, unit.path, tokens, output)
         for path, text in unit.texts:
