@@ -140,9 +140,10 @@ class BPETokenCounter(TokenCounter):
             bound = -(-b // self.max_token_bytes)
             if bound <= limit:
                 weight = weights.weight(data)
-                plain = weights.tokens(weight)
-                # Random whitespace: one long piece with no runs or period, slow to tokenize.
-                bound = max(plain, weights.transitions_bound(data))
+                plain = bound = weights.tokens(weight)
+                if bound <= limit:
+                    # Random whitespace: one long piece with no runs or period, slow to tokenize.
+                    bound = max(bound, weights.transitions_bound(data))
                 if bound <= limit and limit < 3 * plain:
                     # Runs can raise the bound a lot, at a Python step per run: worth trying when
                     # the plain bound is already near the limit. Only for this decision: the

@@ -507,6 +507,25 @@ def test_no_vocabulary_token_weighs_more_than_one_token(cl100k: BPETokenCounter)
     assert weights.weight(joined) == sum(weights.weight(t) for t in tokens[:5000])
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=_HC)
+@given(
+    parts=st.lists(
+        st.tuples(st.binary(min_size=1, max_size=3), st.integers(1, 400)), min_size=1, max_size=5
+    )
+)
+def test_weight_is_the_per_byte_sum_whatever_order_the_tiers_are_read_in(
+    cl100k: BPETokenCounter, parts: list[tuple[bytes, int]]
+) -> None:
+    # Long texts dominated by a few bytes: a sample of the head orders the tier passes.
+    weights = cl100k.weights
+    assert weights is not None
+    data = b"".join(chunk * times for chunk, times in parts)
+    per_byte = [weights.denominator // m for m in weights.per_byte_max]
+    tier_num = {b: weights.weight(bytes([b])) for b in range(256)}
+    assert all(tier_num[b] <= per_byte[b] for b in range(256))
+    assert weights.weight(data) == sum(tier_num[b] for b in data)
+
+
 def test_longest_token_is_computed_at_load(cl100k: BPETokenCounter) -> None:
     assert cl100k.max_token_bytes == 128
     w = ByteWeights([bytes([b]) for b in range(256)] + [b"abc", b"  " * 4])
