@@ -26,8 +26,7 @@ plain ``json.loads`` of the same body: close to it for text, most on dense numbe
 Errors carry a stable ``code``, a short message naming the limit and where it was crossed (a
 JSON path such as ``messages[3].content`` and a byte offset; past the first 64 KiB, the
 offset alone, or for a key refused while parsing only that it is past it), and that path as
-``param``. They
-never echo body text beyond a few dozen characters of one key.
+``param``. They never echo body text beyond a few dozen characters of one key.
 """
 
 from __future__ import annotations
