@@ -111,16 +111,24 @@ def find_non_finite(scan: bytes) -> int:
     return -1
 
 
-def find_container(scan: bytes, ordinal: int) -> int:
+def find_container(scan: bytes, ordinal: int, openers: int | None = None) -> int:
     """Offset of the ``ordinal``-th ``[`` or ``{`` outside strings (1-based), or -1.
 
-    Counting both brackets over the whole body is a quick upper bound; only a body over it is
-    matched exactly, in C, by one counted pattern.
+    Counting both brackets over the whole body (``openers``, when the caller has counted them)
+    is a quick upper bound; only a body over it is matched exactly, in C, by one counted
+    pattern.
     """
-    if scan.count(b"[") + scan.count(b"{") < ordinal:
+    if openers is None:
+        openers = count_openers(scan)
+    if openers < ordinal:
         return -1
     m = re.compile(rb'(?:(?:[^"\[{]++|"[^"]*+(?:"|\Z))*+[\[{]){%d}' % ordinal).match(scan)
     return -1 if m is None else m.end() - 1
+
+
+def count_openers(scan: bytes) -> int:
+    """``[`` and ``{`` in ``scan``, strings included: an upper bound on its containers."""
+    return scan.count(b"[") + scan.count(b"{")
 
 
 @dataclass(frozen=True)

@@ -133,9 +133,11 @@ def parse_json_body(body: bytes, limits: JsonLimits) -> Any:
     # found, so the first limit crossed in the body is the one reported, and a dense body with
     # too many containers is refused after reading just those.
     number = pattern.find_long_number(scan, limits.max_number_chars)
-    container = pattern.find_container(scan, limits.max_containers + 1)
+    openers = pattern.count_openers(scan)  # read once, for both of the next two
+    container = pattern.find_container(scan, limits.max_containers + 1, openers)
     stop = min((x for x in (number, container) if x >= 0), default=len(scan))
-    found = None if _within_structure_limits(scan, limits) else structure.run(scan, stop)
+    within = _within_structure_limits(scan, limits, openers)
+    found = None if within else structure.run(scan, stop)
     if found is not None and found.kind == "unverified_string":
         scan = _verify_long_strings(scan, body, limits, structure, stop)
         found = structure.run(scan, stop)
@@ -163,7 +165,7 @@ def parse_json_body(body: bytes, limits: JsonLimits) -> Any:
     return value
 
 
-def _within_structure_limits(scan: bytes, limits: JsonLimits) -> bool:
+def _within_structure_limits(scan: bytes, limits: JsonLimits, openers: int | None = None) -> bool:
     """Whether bytes methods alone prove the structural scan would find nothing, so a body
     skips it (its fixed cost is several times a small body's parse, and a body of many small
     containers costs it about 20 ns a byte). Each count bounds what the scan measures from
@@ -174,7 +176,8 @@ def _within_structure_limits(scan: bytes, limits: JsonLimits) -> bool:
         return False
     if scan.count(b",") >= max(limits.max_array_length, limits.max_keys_per_object):
         return False
-    openers = scan.count(b"[") + scan.count(b"{")
+    if openers is None:
+        openers = pattern.count_openers(scan)
     if openers <= limits.max_depth:
         return True
     return _depth_within(scan, openers, limits.max_depth)
@@ -198,9 +201,10 @@ def _depth_within(scan: bytes, openers: int, max_depth: int) -> bool:
     balance, a run of openers over the limit) stop before the passes, which read at most 8
     times the brackets and quotes in all.
     """
-    if scan.count(b"]") + scan.count(b"}") != openers:
+    nest = scan.translate(_PARENS, _NOT_BRACKET_OR_QUOTE)
+    if nest.count(b")") != openers:  # counted on the brackets and quotes alone: far shorter
         return False
-    nest = scan.translate(_PARENS, _NOT_BRACKET_OR_QUOTE).replace(b'""', b"")
+    nest = nest.replace(b'""', b"")
     if b'"' in nest or b"(" * (max_depth + 1) in nest:
         return False
     budget = 8 * len(nest) + 4096
