@@ -228,6 +228,14 @@ class ByteWeights:
         diff = (head ^ tail).to_bytes(len(classes) - 1, "little")
         return len(diff) - diff.count(0)
 
+    def raised_bound(self, bound: int, data: bytes | bytearray, enough: int | None) -> int:
+        """``bound`` (from :meth:`weight`) raised by the class-change bound, unless it already
+        exceeds ``enough``: random whitespace is one long piece with no runs or period, slow
+        to tokenize, which only class changes bound well."""
+        if enough is not None and bound > enough:
+            return bound
+        return max(bound, self.transitions_bound(data))
+
     def transitions_bound(self, data: bytes | bytearray) -> int:
         """A token lower bound from class changes (see the module docstring)."""
         if not data:

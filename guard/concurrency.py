@@ -111,8 +111,13 @@ class _Gate:
     def idle(self) -> bool:
         return self.active == 0 and not self.waiters
 
+    @property
+    def has_room(self) -> bool:
+        """A slot is free and nobody queues for it (a newcomer never overtakes a waiter)."""
+        return self.active < self.limit and not self.waiters
+
     def try_enter(self) -> bool:
-        if self.active < self.limit and not self.waiters:
+        if self.has_room:
             self.active += 1
             return True
         return False
@@ -233,10 +238,8 @@ class ConcurrencyLimiter:
         """Take both slots when both gates have room and nobody waits; None otherwise (the
         caller then queues through :meth:`_acquire`, which sees the same gates)."""
         key = self._key_gate(tenant, limits)
-        if key is not None and (key.active >= key.limit or key.waiters):
-            return None
         glob = self._global
-        if glob is not None and (glob.active >= glob.limit or glob.waiters):
+        if (key is not None and not key.has_room) or (glob is not None and not glob.has_room):
             return None
         if key is not None:
             key.active += 1

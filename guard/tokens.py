@@ -140,10 +140,8 @@ class BPETokenCounter(TokenCounter):
             bound = -(-b // self.max_token_bytes)
             if bound <= limit:
                 weight = weights.weight(data)
-                plain = bound = weights.tokens(weight)
-                if bound <= limit:
-                    # Random whitespace: one long piece with no runs or period, slow to tokenize.
-                    bound = max(bound, weights.transitions_bound(data))
+                plain = weights.tokens(weight)
+                bound = weights.raised_bound(plain, data, limit)
                 if bound <= limit and limit < 3 * plain:
                     # Runs can raise the bound a lot, at a Python step per run: worth trying when
                     # the plain bound is already near the limit. Only for this decision: the
@@ -172,10 +170,7 @@ class BPETokenCounter(TokenCounter):
         if weights is None or not texts:
             return 0
         data = utf8_bytes("".join(texts))
-        bound = weights.tokens(weights.weight(data))
-        if enough is not None and bound > enough:
-            return bound
-        return max(bound, weights.transitions_bound(data))
+        return weights.raised_bound(weights.tokens(weights.weight(data)), data, enough)
 
     def incremental(self, limit: int | None, *, param: str | None = None) -> IncrementalTokenCount:
         return IncrementalTokenCount(self, limit, param=param)

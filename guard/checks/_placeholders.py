@@ -77,7 +77,12 @@ def parse_source(text: str, weigh: Callable[[str], int] = len) -> Source:
                 last = m.end()
     if not stack:
         literal += len(text) - last if by_length else weigh(text[last:])
-    return Source(literal, deepest, tuple((d, n, k) for (d, n), k in refs.items()))
+    return Source(literal, deepest, _listed(refs))
+
+
+def _listed(refs: dict[tuple[int, str | None], int]) -> tuple[tuple[int, str | None, int], ...]:
+    """``Source.refs`` from counts of (depth, name), in first-occurrence order."""
+    return tuple((depth, name, times) for (depth, name), times in refs.items())
 
 
 _COUNTER_FROM = 32  # pieces
@@ -104,7 +109,7 @@ def _flat_source(text: str) -> Source | None:
         delimited += (len(name) + 4) * times
         ref = (1, name.strip())
         refs[ref] = refs.get(ref, 0) + times
-    return Source(len(text) - delimited, 1, tuple((d, n, k) for (d, n), k in refs.items()))
+    return Source(len(text) - delimited, 1, _listed(refs))
 
 
 @dataclass(frozen=True, slots=True)
