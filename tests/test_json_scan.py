@@ -211,6 +211,17 @@ def test_total_keys_at_the_limit_pass_and_one_over_fails() -> None:
     assert (exc.code, exc.param) == ("json_too_many_keys", "d[0]")
 
 
+def test_an_object_crossing_two_key_limits_is_refused_for_the_first_documented() -> None:
+    # Its own key count first, then a duplicate key, then the body's total.
+    too_many_and_repeated = b'{"o":{"a":1,"b":2,"a":3}}'
+    exc = refusal(too_many_and_repeated, JsonLimits(max_keys_per_object=2))
+    assert (exc.code, "object of 3 keys" in exc.message) == ("json_too_many_keys", True)
+    exc = refusal(too_many_and_repeated, JsonLimits(max_total_keys=3))
+    assert (exc.code, exc.param) == ("json_duplicate_key", "o.a")
+    exc = refusal(b'{"o":{"a":1,"b":2}}', JsonLimits(max_total_keys=2))
+    assert (exc.code, "in total" in exc.message) == ("json_too_many_keys", True)
+
+
 @pytest.mark.parametrize(
     "text",
     ["abcdefgh", "ééé\u00e9", "日本語x", "😀😀", 'a\nb\tc\\"', "\x7f\u2028\u2029\ufffd"],
