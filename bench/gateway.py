@@ -31,7 +31,9 @@ Modes (any combination; the throughput mode when none is given):
   expected status and code. Classes run in ``--reject-rounds`` rounds (3), each opened by the
   floor: the cheapest refusal (a 1-byte invalid body) measured the same way, which shows what
   of a p99 is the round trip and the machine rather than the checks; medians are reported, and
-  each class's p99 over the floor's. Target: p99 <= 1 ms for every class.
+  each class's p99 over the floor's. Target: p99 <= 1 ms for every class. The slowest
+  payloads of at most 100 KB are then timed in this process: the guard's checks, their JSON
+  read, and a bare ``json.loads`` of the body (what building its objects costs at least).
 - ``--rss``: the guard's RSS (psutil; peak from the kernel's high-water mark) after
   ``--rss-requests`` (100,000) requests mixing the benign corpus and the attacks in equal
   numbers, at 8 connections. Target: <= 150 MB.
@@ -45,6 +47,7 @@ which targets were met in this run on this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -540,6 +543,45 @@ def preflight(port: int, attacks: list[Attack], repeat: int) -> None:
         conn.close()
 
 
+SLOWEST_SHOWN = 8  # payloads <= 100 KB broken down in process
+
+
+def in_process(attacks: Sequence[Attack], repeat: int) -> list[dict[str, Any]]:
+    """Where a refusal's time goes, measured in this process with the guard's default checks
+    (the bench policy changes only rate limits): the whole pipeline, its JSON read, and a
+    bare ``json.loads`` of the same body, which builds the same objects with no limit checked
+    and so is the least any Python guard that parses the body pays. Medians of ``repeat``."""
+    from guard.pipeline import evaluate_body
+    from guard.policy import default_policy
+
+    policy = default_policy()
+    rows = []
+    for a in attacks:
+        total: list[float] = []
+        parse: list[float] = []
+        bare: list[float] = []
+        text = a.body.decode("utf-8", "replace")
+        for _ in range(repeat):
+            checked = evaluate_body(a.body, a.path, a.headers, policy)
+            total.append(sum(checked.durations.values()))
+            parse.append(checked.durations.get("parse", 0.0))
+            start = time.perf_counter()
+            # Invalid or too deep: the time taken to find out is still the floor.
+            with contextlib.suppress(ValueError, RecursionError):
+                json.loads(text)
+            bare.append(time.perf_counter() - start)
+        rows.append(
+            {
+                "id": a.id,
+                "guard_ms": statistics.median(total) * 1000,
+                "json_read_ms": statistics.median(parse) * 1000,
+                "json_loads_ms": statistics.median(bare) * 1000,
+                "code": checked.code,
+            }
+        )
+    return rows
+
+
 def reject(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     guard = servers["guard"]
     attacks, _, skipped = load_attacks(4 * 1_048_576)
@@ -629,6 +671,8 @@ def reject(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> 
     ours = {k: v for k, v in classes.items() if "(" not in k}
     worst = max(ours.items(), key=lambda kv: kv[1]["p99_ms"], default=(None, None))
     slowest = sorted(attacks, key=lambda a: -a.extra["client_p50_ms"])
+    small = [a for a in slowest if len(a.body) <= SMALL_BODY_MAX][:SLOWEST_SHOWN]
+    log(f"reject: {len(small)} slowest payloads <= 100 KB timed in process")
     return {
         "classes": classes,
         "payloads": [
@@ -642,6 +686,7 @@ def reject(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> 
             for a in slowest
         ],
         "large": big_rows,
+        "in_process": in_process(small, 3 if args.quick else 30),
         "floor": {
             "what": "the cheapest refusal (a 1-byte invalid JSON body), first in each round: "
             "the HTTP round trip and this machine's noise, nearly no checking",
@@ -781,12 +826,17 @@ def print_report(report: dict[str, Any]) -> None:
                 print(f"  {row['id']:<28} {row['body_bytes'] / 1000:8.0f} KB "
                       f"p50 {row['p50_ms']:8.3f} ms p99 {row['p99_ms']:8.3f} ms "
                       f"{row['us_per_kb']:6.2f} us/KB  {row['code']}")  # fmt: skip
-        small = [p for p in rj["payloads"] if p["body_bytes"] <= SMALL_BODY_MAX][:8]
-        if small:
-            print("Slowest payloads <= 100 KB (Python client, median; includes client cost):")
-            for row in small:
-                print(f"  {row['id']:<28} {row['body_bytes'] / 1000:8.1f} KB "
-                      f"{row['client_p50_ms']:8.3f} ms  {row['code']}")  # fmt: skip
+        if rj["in_process"]:
+            sizes = {p["id"]: p for p in rj["payloads"]}
+            print("Slowest payloads <= 100 KB, medians in ms: over HTTP (Python client, its own "
+                  "cost included); in process, the guard's checks, their JSON read, and a bare "
+                  "json.loads of the body (the least a parse that builds the objects costs):")  # fmt: skip
+            print(f"  {'id':<28} {'KB':>6} {'http':>7} {'guard':>7} {'read':>7} {'loads':>7}")
+            for row in rj["in_process"]:
+                p = sizes[row["id"]]
+                print(f"  {row['id']:<28} {p['body_bytes'] / 1000:6.1f} "
+                      f"{p['client_p50_ms']:7.3f} {row['guard_ms']:7.3f} "
+                      f"{row['json_read_ms']:7.3f} {row['json_loads_ms']:7.3f}  {row['code']}")  # fmt: skip
         if rj["mismatched"]:
             print(f"unexpected answers: {rj['mismatched']}")
     rs = report.get("rss")

@@ -84,6 +84,12 @@ def test_quick_run_of_every_mode_writes_the_report(tmp_path: Path) -> None:
     assert floor["non_4xx"] == 0  # the floor's 1-byte body is refused too
     for row in reject["classes"].values():
         assert row["p99_over_floor_ms"] == pytest.approx(row["p99_ms"] - floor["p99_ms"])
+    refused_by = {p["id"]: p["code"] for p in reject["payloads"]}
+    assert reject["in_process"]
+    for row in reject["in_process"]:
+        # Timed in process, refused with the code it got over HTTP; the read is a part.
+        assert row["code"] == refused_by[row["id"]]
+        assert 0 <= row["json_read_ms"] <= row["guard_ms"] and row["json_loads_ms"] > 0
 
     rss = report["rss"]
     assert rss["requests"] >= 2000 and rss["rss_end_mb"] > 0 and rss["refused"] > 0
