@@ -548,7 +548,7 @@ SLOWEST_SHOWN = 8  # payloads <= 100 KB broken down in process
 
 def in_process(attacks: Sequence[Attack], repeat: int) -> list[dict[str, Any]]:
     """Where a refusal's time goes, measured in this process with the guard's default checks
-    (the bench policy changes only rate limits): the whole pipeline, its JSON read, and a
+    (the bench policy differs only in rate and connection limits): the whole pipeline, its JSON read, and a
     bare ``json.loads`` of the same body, which builds the same objects with no limit checked
     and so is the least any Python guard that parses the body pays. Medians of ``repeat``."""
     from guard.pipeline import evaluate_body
@@ -827,13 +827,13 @@ def print_report(report: dict[str, Any]) -> None:
                       f"p50 {row['p50_ms']:8.3f} ms p99 {row['p99_ms']:8.3f} ms "
                       f"{row['us_per_kb']:6.2f} us/KB  {row['code']}")  # fmt: skip
         if rj["in_process"]:
-            sizes = {p["id"]: p for p in rj["payloads"]}
+            sent = {p["id"]: p for p in rj["payloads"]}
             print("Slowest payloads <= 100 KB, medians in ms: over HTTP (Python client, its own "
                   "cost included); in process, the guard's checks, their JSON read, and a bare "
                   "json.loads of the body (the least a parse that builds the objects costs):")  # fmt: skip
             print(f"  {'id':<28} {'KB':>6} {'http':>7} {'guard':>7} {'read':>7} {'loads':>7}")
             for row in rj["in_process"]:
-                p = sizes[row["id"]]
+                p = sent[row["id"]]
                 print(f"  {row['id']:<28} {p['body_bytes'] / 1000:6.1f} "
                       f"{p['client_p50_ms']:7.3f} {row['guard_ms']:7.3f} "
                       f"{row['json_read_ms']:7.3f} {row['json_loads_ms']:7.3f}  {row['code']}")  # fmt: skip
