@@ -85,23 +85,14 @@ def _listed(refs: dict[tuple[int, str | None], int]) -> tuple[tuple[int, str | N
     return tuple((depth, name, times) for (depth, name), times in refs.items())
 
 
-_COUNTER_FROM = 32  # pieces
-
-
 def _flat_source(text: str) -> Source | None:
     """:func:`parse_source` by length for a balanced text whose placeholders do not nest, in C
     passes; None when they nest. Split at the openers, each piece is one placeholder's name,
     its closer and the literal text after it; equal pieces (a flooded template repeats one)
     are counted together, so the Python loop runs once per distinct piece."""
-    pieces = text.split("{{")
     refs: dict[tuple[int, str | None], int] = {}
     delimited = 0
-    if len(pieces) > _COUNTER_FROM:
-        counted: Mapping[str, int] = Counter(islice(pieces, 1, None))
-    else:  # building a Counter costs more than a few pieces' loop
-        counted = dict.fromkeys(islice(pieces, 1, None), 0)
-        for piece in islice(pieces, 1, None):
-            counted[piece] += 1
+    counted = Counter(islice(text.split("{{"), 1, None))
     for piece, times in counted.items():  # first occurrences in order
         name, closer, after = piece.partition("}}")
         if not closer or "}}" in after:
