@@ -3,7 +3,7 @@
 ``python bench/_passthrough.py --upstream URL --port P`` runs a raw ASGI app on uvicorn with the
 guard's server settings (uvloop, httptools, no access log) that forwards every request to the
 upstream with one pooled ``aiohttp.ClientSession`` configured like the guard's
-(:mod:`guard.proxy`: same connection limit, keep-alive, no decompression, no cookie jar) and
+(:mod:`guard.http._upstream`: same connection limit, keep-alive, no decompression, no cookie jar) and
 relays the answer: read whole when it has a Content-Length, chunk by chunk otherwise (SSE).
 No checks, no header filtering beyond the framing headers, no logging, no metrics: what any
 proxy must do, so the guard's ratio to it is the cost of guarding.

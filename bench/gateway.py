@@ -8,7 +8,7 @@ One run starts, each in its own process group under ``RLIMIT_AS``:
   keys, rate and concurrency limits far above the load);
 - a minimal pass-through proxy on the same HTTP server stack with an aiohttp client, the
   yardstick the issue names (``bench/_passthrough.py``; the guard's own client is
-  ``guard._http_client``);
+  ``guard.http._client``);
 - with ``--baseline-src DIR``, a second guard whose ``guard`` package is imported from ``DIR``
   (say ``git archive HEAD guard | tar -x -C DIR``), to compare before and after in one run.
 

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from guard import _json_pattern
 from guard.errors import GuardError
 from guard.isolation import run_limited
-from guard.json_scan import JsonLimits, json_depth, parse_json_body
+from guard.json import JsonLimits, json_depth, parse_json_body
+from guard.json import _pattern as _json_pattern
 
 LIMITS = JsonLimits()
 MIB = 1 << 20

@@ -13,7 +13,7 @@ Prints, in one run, beside the seed write-up's "after" figures (127 ms, 312 MB):
     median and p99 of ``--runs`` requests. Targets: a 4xx with one stable code in <= 2 ms
     server-side, RSS growth <= 5 MB.
 (b) MB/s of the depth scan (``guard.template_scan.check_template``, depth 8) beside a per-char
-    Python loop, and of the token-limit decision (``guard.tokens``, via ``bench/tokens.py``)
+    Python loop, and of the token-limit decision (``guard.tokens._counter``, via ``bench/tokens.py``)
     beside tiktoken encoding the whole input, on adversarial inputs; median of several runs, in a
     capped child. Target: >= 50 MB/s.
 (c) with ``--vulnerable``: the vulnerable profile on the seed under a 1 GiB cap (the demo's

@@ -3,7 +3,7 @@ upstream sees it.
 
 Routes:
 
-- proxied (:mod:`guard._gateway`, pure ASGI): ``POST /v1/chat/completions``,
+- proxied (:mod:`guard.gateway`, pure ASGI): ``POST /v1/chat/completions``,
   ``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /v1/models`` (and
   ``/v1/models/{model}``), plus the policy's ``routes`` (POST); any other path gets 404
   ``route_not_allowed``;
@@ -33,20 +33,22 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from guard._gateway import Gateway, InternalError, check_outcomes
-from guard._http_protocol import head_refusals
-from guard.access_log import AccessLog
-from guard.concurrency import ConcurrencyLimiter, ConcurrencyLimits
+from guard.admission import ConcurrencyLimiter, ConcurrencyLimits, RateLimiter, make_rate_limiter
 from guard.errors import GuardError, NotFound
-from guard.framing import ClientDisconnected, inspect_head, read_body
-from guard.metrics import CONTENT_TYPE, GuardMetrics
+from guard.gateway import Gateway, InternalError, check_outcomes
+from guard.http import (
+    ClientDisconnected,
+    Upstream,
+    UpstreamConfig,
+    head_refusals,
+    inspect_head,
+    read_body,
+)
 from guard.pipeline import evaluate_body
 from guard.policy import Policy
-from guard.proxy import Upstream, UpstreamConfig
-from guard.ratelimit import RateLimiter, make_rate_limiter
 from guard.request_view import normalise_headers, resolve_key
+from guard.telemetry import CONTENT_TYPE, AccessLog, GuardMetrics, make_tracing
 from guard.tokens import TokenCounter, get_counter
-from guard.tracing import make_tracing
 
 __all__ = ["GUARD_PATHS", "create_app"]
 

@@ -46,7 +46,7 @@ _DEADLINE_CHECK_EVERY = 256
 class Budget:
     """Charges work against :class:`Limits` and raises :class:`LimitExceeded` when one is crossed.
 
-    ``tokens`` is an incremental token count (see :mod:`guard.tokens`) bound to ``max_tokens``;
+    ``tokens`` is an incremental token count (see :mod:`guard.tokens._counter`) bound to ``max_tokens``;
     when absent, text is charged as bytes only.
     """
 

@@ -2,7 +2,7 @@
 
 ``evaluate_body(raw, path, headers, policy)`` is what the HTTP app and the dry-run endpoint
 (``POST /guard/v1/check``) both call: route allowlist, API key, bounded JSON parse
-(:func:`guard.json_scan.parse_json_body`), a :class:`~guard.request_view.RequestView`, then
+(:func:`guard.json._reader.parse_json_body`), a :class:`~guard.request_view.RequestView`, then
 ``run_checks``: the policy's checks in the policy's order (data: ``policy.checks``), stopping at
 the first rejection. The verdict carries what passing checks measured (costs, such as the prompt
 tokens a rate limiter charges), the body mutations to apply before forwarding (an injected
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from guard._policy_models import KeyEntry, Policy
 from guard.checks import CHECKS, CheckFn, Mutation, apply_mutations
 from guard.errors import GuardError, NotFound
-from guard.json_scan import parse_json_body
+from guard.json import parse_json_body
+from guard.policy._models import KeyEntry, Policy
 from guard.request_view import HeadersLike, RequestView, normalise_headers, resolve_key
 
 __all__ = [

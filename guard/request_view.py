@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from guard._policy_models import ANONYMOUS_TENANT, KeyEntry, Policy, key_digest
 from guard.errors import GuardError
+from guard.policy._models import ANONYMOUS_TENANT, KeyEntry, Policy, key_digest
 
 __all__ = [
     "KEPT_HEADERS",

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 import uvicorn
 from fastapi import FastAPI
 
-from guard._http_protocol import configure as configure_head_limit
-from guard.access_log import AccessLog
 from guard.app import create_app
+from guard.http import configure as configure_head_limit
 from guard.policy import Policy, load_policy
+from guard.telemetry import AccessLog
 
 __all__ = ["POLICY_ENV", "app_from_env", "run", "uvicorn_config"]
 
@@ -51,7 +51,7 @@ def uvicorn_config(
         "factory": True,
         "loop": "uvloop",
         # httptools with a cap on the request head (httptools has none of its own).
-        "http": "guard._http_protocol:GuardHttpToolsProtocol",
+        "http": "guard.http._protocol:GuardHttpToolsProtocol",
         "lifespan": "on",
         "log_level": log_level,
         "access_log": False,  # the guard writes its own, structured

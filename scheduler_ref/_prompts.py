@@ -255,10 +255,10 @@ def _plain_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
 class Tokenizer:
     """Prompt text -> cl100k_base token ids, refusing text over a cap before encoding it.
 
-    The cap is checked by :func:`guard.tokens.check_prompt_tokens` (bounds first, counting with
+    The cap is checked by :func:`guard.tokens._counter.check_prompt_tokens` (bounds first, counting with
     an early stop), so an oversized prompt is never encoded; without a cap the text is encoded
     whole, as a naive server does. Special-token text is encoded as plain text, as
-    ``guard.tokens`` counts it, so counts and ids agree.
+    ``guard.tokens._counter`` counts it, so counts and ids agree.
     """
 
     def __init__(self) -> None:

@@ -6,8 +6,8 @@
   as vLLM did. Nested loops, ``'A' * 10**10`` or ``10**(10**7)`` (which costs CPU merely to
   compile) run until memory or time runs out.
 - ``hardened``: request templates refused unless the profile allows them, ``chat_template_kwargs``
-  limited to :data:`~guard.chat_template.SAFE_TEMPLATE_KWARGS`, and the template rendered by
-  :mod:`guard.chat_template`'s hardened sandbox with the prompt token budget charged as the
+  limited to :data:`~guard.jinja._chat_template.SAFE_TEMPLATE_KWARGS`, and the template rendered by
+  :mod:`guard.jinja._chat_template`'s hardened sandbox with the prompt token budget charged as the
   output is generated.
 """
 
@@ -23,7 +23,8 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from guard.budget import Budget, Limits
-from guard.chat_template import (
+from guard.errors import GuardError
+from guard.jinja import (
     DEFAULT_LIMITS,
     SAFE_TEMPLATE_KWARGS,
     ChatTemplateLimits,
@@ -34,7 +35,6 @@ from guard.chat_template import (
     raise_exception,
     render_chat_template,
 )
-from guard.errors import GuardError
 from guard.tokens import get_counter
 from scheduler_ref.profiles import Profile
 

@@ -19,7 +19,7 @@ Every failure is an OpenAI error body with a stable ``code`` (see :mod:`guard.er
 ``method_not_allowed`` (405), ``unsupported_content``, and in the hardened profile
 ``n_exceeded``, ``prompts_exceeded``, ``max_tokens_exceeded``, ``stop_exceeded``; the template
 and token codes of :mod:`scheduler_ref.prompt_template`, :mod:`scheduler_ref.chat_template`,
-:mod:`guard.tokens` and :mod:`scheduler_ref.engine` (``prompt_tokens_exceeded``,
+:mod:`guard.tokens._counter` and :mod:`scheduler_ref.engine` (``prompt_tokens_exceeded``,
 ``tenant_tokens_exhausted`` 429 with ``Retry-After``, ``queue_full`` / ``queue_timeout`` 503,
 ...); ``engine_unavailable`` (503, ``/health``); ``out_of_memory`` and ``internal_error`` (500,
 never for bad input in the hardened profile). After a stream has started, an error is sent as a

@@ -228,7 +228,7 @@ async def serve(app: ASGIApp, **config: Any) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on a free port (httptools with the guard's head cap, as
     ``schedguard serve`` does); yield its base URL."""
     sock = bound_socket()
-    config.setdefault("http", "guard._http_protocol:GuardHttpToolsProtocol")
+    config.setdefault("http", "guard.http._protocol:GuardHttpToolsProtocol")
     cfg = uvicorn.Config(
         app,
         loop="none",

@@ -19,7 +19,9 @@ from jinja2.nodes import EvalContext, Impossible
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from guard.budget import Budget, Limits
-from guard.chat_template import (
+from guard.errors import GuardError, LimitExceeded, TemplateError
+from guard.isolation import run_limited
+from guard.jinja import (
     CODE_DEADLINE,
     CODE_EXPANSION,
     CODE_INVALID,
@@ -41,8 +43,6 @@ from guard.chat_template import (
     raise_exception,
     render_chat_template,
 )
-from guard.errors import GuardError, LimitExceeded, TemplateError
-from guard.isolation import run_limited
 from scheduler_ref.chat_template import (
     DEFAULT_CHAT_TEMPLATE,
     SPECIAL_TOKENS,
@@ -76,7 +76,7 @@ SEED = "{{" * 1024 + "system_prompt}}" * 512
 
 
 class FakeCounter:
-    """Stands in for guard.tokens' IncrementalCount: about 4 characters per token."""
+    """Stands in for guard.tokens._counter' IncrementalCount: about 4 characters per token."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
@@ -667,7 +667,7 @@ def test_default_template_is_compiled_once() -> None:
 
 
 def test_template_cache_is_bounded() -> None:
-    from guard.chat_template import _CACHE, _CACHE_SIZE
+    from guard.jinja._chat_template import _CACHE, _CACHE_SIZE
 
     for i in range(_CACHE_SIZE + 10):
         compile_chat_template(f"{{{{ x }}}}{i}")
@@ -746,7 +746,7 @@ def test_hardened_profile_renders_with_the_prompt_token_budget() -> None:
 
 
 def test_hardened_profile_with_real_token_counter() -> None:
-    pytest.importorskip("guard.tokens")
+    pytest.importorskip("guard.tokens._counter")
     text = render_chat(MESSAGES[:2], HARDENED)
     assert text.startswith("<|im_start|>system\nYou are terse.")
     with pytest.raises(LimitExceeded) as info:

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from guard.concurrency import ConcurrencyLimiter, ConcurrencyLimits, ConcurrencyMetrics
+from guard.admission import ConcurrencyLimiter, ConcurrencyLimits, ConcurrencyMetrics
 from guard.errors import GuardError, Overloaded, RateLimited
 
 

@@ -19,12 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from guard.access_log import AccessLog
 from guard.app import create_app
 from guard.errors import GuardError
-from guard.framing import ClientDisconnected, FramingLimits, inspect_head, read_body
+from guard.http import ClientDisconnected, FramingLimits, inspect_head, read_body
 from guard.policy import Policy, policy_from_yaml
-from guard.tracing import make_tracing, otel_requested
+from guard.telemetry import AccessLog, make_tracing, otel_requested
 from tests._guard_harness import FakeUpstream, fake_upstream, free_port, serve
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hello there"}]}
@@ -694,7 +693,7 @@ async def test_token_reservations_are_reconciled_with_the_upstream_usage() -> No
 async def test_a_bug_in_the_guard_is_a_logged_500_not_a_hang(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import guard._gateway as gateway_module
+    import guard.gateway as gateway_module
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("bug")

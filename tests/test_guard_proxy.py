@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from guard._gateway import extract_usage, forward_body, upstream_error_code
-from guard._sse_relay import DONE, SseRelay, error_event
 from guard.checks import Mutation
+from guard.gateway import extract_usage, forward_body, upstream_error_code
+from guard.http import Upstream, UpstreamConfig, UpstreamError, response_headers
+from guard.http._sse_relay import DONE, SseRelay, error_event
 from guard.pipeline import evaluate_body
 from guard.policy import default_policy
-from guard.proxy import Upstream, UpstreamConfig, UpstreamError, response_headers
 from tests._guard_harness import fake_upstream, free_port
 
 # ---------------------------------------------------------------------------------- SSE relay

@@ -1,4 +1,4 @@
-"""guard._http_client against scripted raw asyncio servers on 127.0.0.1: framing (length,
+"""guard.http._client against scripted raw asyncio servers on 127.0.0.1: framing (length,
 chunked, close-delimited, interim responses), keep-alive and the pool, the stale-connection
 retry, timeouts, caps, header injection, flow control and the request line.
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from guard._http_client import (
+from guard.http._client import (
     ConnectFailed,
     ConnectionPool,
     PoolConfig,

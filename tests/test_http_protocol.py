@@ -1,11 +1,11 @@
-"""The response-head cork of guard._http_protocol: held head, joined body, order kept."""
+"""The response-head cork of guard.http._protocol: held head, joined body, order kept."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from guard._http_protocol import _JOIN_MAX, _HeadCork
+from guard.http._protocol import _JOIN_MAX, _HeadCork
 
 
 class RecordingTransport:

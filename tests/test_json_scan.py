@@ -1,4 +1,4 @@
-"""guard.json_scan: a bounded JSON body reader; every limit exact, every refusal a GuardError."""
+"""guard.json._reader: a bounded JSON body reader; every limit exact, every refusal a GuardError."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from guard import json_scan
-from guard._json_pattern import MAX_SUPPORTED_DEPTH, neutralise
 from guard.errors import GuardError, LimitExceeded
 from guard.isolation import run_limited
-from guard.json_scan import JsonLimits, json_depth, parse_json_body
+from guard.json import JsonLimits, json_depth, parse_json_body
+from guard.json import _reader as json_scan
+from guard.json._pattern import MAX_SUPPORTED_DEPTH, neutralise
 
 DEFAULT = JsonLimits()
 # Small limits, so generated bodies reach them.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.metrics import GuardMetrics
+from guard.telemetry import GuardMetrics
 from loadtests import dashboard, shapes, slo
 from loadtests.httpclient import KeepAlive, error_code, send_raw
 from loadtests.monitor import Monitor, Watched, parse_guard_metrics

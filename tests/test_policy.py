@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from guard._jinja_state import ChatTemplateLimits
-from guard._policy_docs import BEGIN, END, field_paths, iter_fields, policy_reference
 from guard.guided import GuidedLimits
-from guard.json_scan import JsonLimits
+from guard.jinja._meters import ChatTemplateLimits
+from guard.json import JsonLimits
 from guard.policy import (
     ANONYMOUS_TENANT,
     CHECK_NAMES,
@@ -24,6 +23,7 @@ from guard.policy import (
     policy_from_yaml,
     policy_to_yaml,
 )
+from guard.policy._docs import BEGIN, END, field_paths, iter_fields, policy_reference
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "POLICY.md"
 

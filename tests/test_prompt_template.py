@@ -64,7 +64,7 @@ class FakeCount:
 def hardened_budget(
     *, max_steps: int = MAX_RENDER_STEPS, clock: Callable[[], float] = time.monotonic
 ) -> Budget:
-    """What budget_for(HARDENED) builds, with the fake counter in place of guard.tokens."""
+    """What budget_for(HARDENED) builds, with the fake counter in place of guard.tokens._counter."""
     assert HARDENED.max_prompt_tokens is not None
     limits = Limits(
         max_depth=HARDENED.max_template_depth,
@@ -326,7 +326,7 @@ def test_error_bodies_are_openai_shaped() -> None:
 
 
 def test_budget_for_hardened_counts_real_tokens() -> None:
-    pytest.importorskip("guard.tokens")
+    pytest.importorskip("guard.tokens._counter")
     out = render_prompt_template("Hello {{name}}!", {"name": "world"}, HARDENED)
     assert out.text == "Hello world!"
     assert out.tokens == 3  # cl100k_base: "Hello", " world", "!"
@@ -369,7 +369,7 @@ def test_hardened_succeeds_within_budgets_or_raises_a_guard_error(
 def test_hardened_with_the_real_token_counter(
     template: str, variables: dict[str, str], filler: str
 ) -> None:
-    pytest.importorskip("guard.tokens")
+    pytest.importorskip("guard.tokens._counter")
     variables = {**variables, "c": filler * 3000}  # renders using "c" go past 2048 tokens
     try:
         out = render_prompt_template(template, variables, HARDENED)

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guard._ratelimit_core import format_duration
-from guard.errors import LimitExceeded, RateLimited
-from guard.ratelimit import (
+from guard.admission import (
     MemoryRateLimiter,
     RateLimiterMetrics,
     RateLimits,
     Reservation,
     make_rate_limiter,
 )
+from guard.admission._buckets import format_duration
+from guard.errors import LimitExceeded, RateLimited
 
 
 class FakeClock:

@@ -15,8 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from guard.errors import GuardError, LimitExceeded, Overloaded, RateLimited
-from guard.ratelimit import (
+from guard.admission import (
     MemoryRateLimiter,
     RateLimiter,
     RateLimits,
@@ -24,6 +23,7 @@ from guard.ratelimit import (
     Reservation,
     make_rate_limiter,
 )
+from guard.errors import GuardError, LimitExceeded, Overloaded, RateLimited
 from tests._redis_server import RedisServer, require_binary
 
 

@@ -1,4 +1,4 @@
-"""guard.tokens: exact BPE counts, sound bounds, early stop, incremental counting, HF files."""
+"""guard.tokens._counter: exact BPE counts, sound bounds, early stop, incremental counting, HF files."""
 
 from __future__ import annotations
 
@@ -11,19 +11,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import guard._bpe_blocks as blocks_mod
-import guard._token_engine as engine_mod
-from guard._bpe_blocks import PieceBlocks
-from guard._pretokenize import (
-    CL100K_PATTERN,
-    CL100K_PATTERN_OLD,
-    CL100K_RULES,
-    GPT2_PATTERN,
-    GPT2_RULES,
-    classify,
-)
-from guard._token_backends import Backend, HFBackend, TiktokenBackend
-from guard._token_bounds import WHITE_SPACE, ByteWeights, sanitize
+import guard.tokens._bpe_blocks as blocks_mod
+import guard.tokens._chunked as engine_mod
 from guard.errors import LimitExceeded
 from guard.isolation import run_limited
 from guard.tokens import (
@@ -32,6 +21,17 @@ from guard.tokens import (
     TokenCounter,
     check_prompt_tokens,
     get_counter,
+)
+from guard.tokens._backends import Backend, HFBackend, TiktokenBackend
+from guard.tokens._bounds import WHITE_SPACE, ByteWeights, sanitize
+from guard.tokens._bpe_blocks import PieceBlocks
+from guard.tokens._pretokenize import (
+    CL100K_PATTERN,
+    CL100K_PATTERN_OLD,
+    CL100K_RULES,
+    GPT2_PATTERN,
+    GPT2_RULES,
+    classify,
 )
 
 LIMIT = 2048

@@ -238,9 +238,9 @@ class GuardApp(_GuardBase):
 
     def _get_app(self) -> tuple[Any, asyncio.AbstractEventLoop]:
         if self._app is None or self._loop is None:
-            from guard.access_log import AccessLog
             from guard.app import create_app
             from guard.policy import policy_from_yaml
+            from guard.telemetry import AccessLog
 
             # Rate limits off: one fuzzing client would otherwise only ever see 429s.
             policy = policy_from_yaml(

@@ -315,7 +315,7 @@ class ChatTemplateHardened(_ChatTemplate):
     description = "Jinja chat templates from the request, rendered in the hardened sandbox"
     exercises = (
         "scheduler_ref.chat_template.render_chat(profile=HARDENED with request templates "
-        "allowed) -> guard.chat_template.render_chat_template"
+        "allowed) -> guard.jinja._chat_template.render_chat_template"
     )
     kind = "hardened"
     budgets = Budgets(wall_s=0.5, mem_bytes=64 * _MIB, output_tokens=2048, cost_per_byte=8.0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from guard._policy_models import CHECK_NAMES
 from guard.checks._result import PASS, CheckFn, CheckResult, Mutation, apply_mutations
 from guard.checks.fanout import check_fanout
 from guard.checks.guided import check_guided
@@ -18,6 +17,7 @@ from guard.checks.multimodal import check_multimodal
 from guard.checks.schema import check_schema
 from guard.checks.templates import check_templates
 from guard.checks.tokens import check_tokens
+from guard.policy._models import CHECK_NAMES
 
 __all__ = [
     "CHECKS",
@@ -44,4 +44,4 @@ CHECKS: Mapping[str, CheckFn] = MappingProxyType(
         "guided": check_guided,
     }
 )
-assert tuple(CHECKS) == CHECK_NAMES, "guard._policy_models.CHECK_NAMES must list every check"
+assert tuple(CHECKS) == CHECK_NAMES, "guard.policy._models.CHECK_NAMES must list every check"

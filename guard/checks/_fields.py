@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from guard._policy_models import Policy
+from guard.policy._models import Policy
 from guard.request_view import Endpoint
 
 Path = tuple[str | int, ...]

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from guard._policy_models import Policy
 from guard.errors import GuardError
+from guard.policy._models import Policy
 from guard.request_view import RequestView
 
 __all__ = ["PASS", "CheckFn", "CheckResult", "Mutation", "apply_mutations", "pure_check"]

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard._policy_models import Policy
 from guard.checks._fields import effective_output, lax_int, prompt_items
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import LimitExceeded
+from guard.policy._models import Policy
 from guard.request_view import RequestView
 
 __all__ = ["check_fanout"]

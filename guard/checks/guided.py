@@ -1,4 +1,4 @@
-"""The guided-decoding check: delegates to :func:`guard.guided.check_guided_decoding` with the
+"""The guided-decoding check: delegates to :func:`guard.guided._check.check_guided_decoding` with the
 policy's ``limits.guided`` (regexes, JSON schemas, grammars, choice lists).
 
 Most requests carry no constraint at all. The top-level fields the delegate reads are learnt
@@ -7,7 +7,7 @@ holding none of them gets exactly the delegate's answer on an empty body, a pass
 call. If the delegate ever reads the body other than by key (iterating it, say), nothing is
 learnt and every body goes through it.
 
-Codes: ``guided_*`` (see :mod:`guard.guided`).
+Codes: ``guided_*`` (see :mod:`guard.guided._check`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from guard._policy_models import Policy
 from guard.checks._result import CheckResult, pure_check
 from guard.guided import GuidedLimits, check_guided_decoding
+from guard.policy._models import Policy
 from guard.request_view import RequestView
 
 __all__ = ["check_guided"]

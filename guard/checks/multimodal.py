@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard._policy_models import MultimodalPolicy, Policy
 from guard.checks._fields import Path, fmt_path
 from guard.checks._media import image_size
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import GuardError, LimitExceeded
+from guard.policy._models import MultimodalPolicy, Policy
 from guard.request_view import RequestView
 
 __all__ = ["MEDIA_TYPES", "check_multimodal"]

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from guard._policy_models import Policy
 from guard.checks import _schema_fields as fields
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import GuardError
+from guard.policy._models import Policy
 from guard.request_view import Endpoint, RequestView
 
 __all__ = ["check_schema"]

@@ -11,7 +11,7 @@
   allowlist (``tokenize`` never is).
 
 Codes: ``template_depth_exceeded``, ``template_unbalanced``, ``template_expansion_exceeded``,
-``invalid_type``, the ``chat_template_*`` codes of :mod:`guard.chat_template`,
+``invalid_type``, the ``chat_template_*`` codes of :mod:`guard.jinja._chat_template`,
 ``deadline_exceeded`` (408) and ``prompt_tokens_exceeded`` from a render.
 """
 
@@ -19,17 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard._policy_models import Policy, TemplatesPolicy
 from guard.budget import Budget, Limits
-from guard.chat_template import (
+from guard.checks._placeholders import Source, bound_expansion, parse_source
+from guard.checks._result import CheckResult, pure_check
+from guard.errors import GuardError, LimitExceeded, TemplateError
+from guard.jinja import (
     CODE_INVALID,
     check_request_template_fields,
     compile_chat_template,
     render_chat_template,
 )
-from guard.checks._placeholders import Source, bound_expansion, parse_source
-from guard.checks._result import CheckResult, pure_check
-from guard.errors import GuardError, LimitExceeded, TemplateError
+from guard.policy._models import Policy, TemplatesPolicy
 from guard.request_view import RequestView
 from guard.template_scan import check_template
 from guard.tokens import get_counter

@@ -9,7 +9,7 @@ each prompt plus its output within the context length.
    ``max_prompt_tokens`` tokens, and each sequence at most ``context_length`` minus the output
    cap. The byte length is a sound upper bound for byte-level BPE, so a prompt whose UTF-8 size
    is within the limits is never tokenized (unless ``exact_costs``); otherwise each text is
-   counted with an early stop at the tokens left (:meth:`guard.tokens.TokenCounter.measure`).
+   counted with an early stop at the tokens left (:meth:`guard.tokens._counter.TokenCounter.measure`).
 
 Costs reported: ``prompt_tokens`` (exact when ``prompt_tokens_exact`` is 1, else an upper
 bound), ``output_tokens`` (the cap per sequence), ``sequences``, ``output_tokens_reserved``
@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from guard._policy_models import Policy, TokensPolicy
 from guard.checks._fields import (
     INJECT_FIELD,
     fmt_path,
@@ -37,6 +36,7 @@ from guard.checks._placeholders import bound_expansion, parse_source
 from guard.checks._result import CheckResult, Mutation, pure_check
 from guard.checks._text import PromptUnit, prompt_units
 from guard.errors import LimitExceeded
+from guard.policy._models import Policy, TokensPolicy
 from guard.request_view import Endpoint, RequestView
 from guard.tokens import TokenCounter, get_counter
 

@@ -1,0 +1,691 @@
+"""The proxied request path, as a pure ASGI handler (no Starlette request, no buffering).
+
+framing (headers, then the body read under caps) -> API key -> checks (the pipeline's verdict)
+-> rate limit reservation -> concurrency slot -> upstream -> response relayed (SSE chunk by
+chunk with output accounting) -> reconciliation; metrics, the access line and the span are
+written once per request in ``finally``.
+
+Once the body has been read, a disconnect cancels the request's task, which aborts the upstream
+request wherever it is (connecting, waiting, streaming). The guard's own server says so through
+a hook (:mod:`guard.http._disconnect`); under any other ASGI server a watcher task waits on
+``receive``, which can then only report a disconnect. Either is disarmed before the response's
+last message, because uvicorn's ``receive`` also returns ``http.disconnect`` once the response
+is complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import gc
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+from guard.admission import (
+    ConcurrencyLimiter,
+    ConcurrencyLimits,
+    MemoryRateLimiter,
+    RateLimiter,
+    RateLimits,
+    Reservation,
+)
+from guard.errors import GuardError, NotFound
+from guard.http import (
+    DISCONNECT_EXTENSION,
+    ClientDisconnected,
+    DisconnectHook,
+    FramingLimits,
+    SseRelay,
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+    error_event,
+    inspect_head,
+    read_body,
+    response_headers,
+)
+from guard.pipeline import Verdict, evaluate_body
+from guard.policy import ANONYMOUS_TENANT, KeyEntry, Policy
+from guard.request_view import KEPT_HEADERS, normalise_headers, resolve_key
+from guard.telemetry import AccessLog, GuardMetrics, RequestFields, RequestSpan, Tracing
+
+__all__ = [
+    "Gateway",
+    "InternalError",
+    "check_outcomes",
+    "extract_usage",
+    "forward_body",
+    "upstream_error_code",
+]
+
+_log = logging.getLogger("schedguard.guard")
+
+# Non-streamed responses up to this size (by Content-Length) are read whole and sent in one
+# message; bigger or unsized ones are relayed in chunks, keeping only a tail to find `usage`.
+_BUFFER_MAX = 1 << 20
+_USAGE_TAIL = 16 << 10
+_USAGE_MAX = 4096  # a usage object (with its token details) is a few hundred bytes
+_ERROR_BODY_MAX = 64 << 10  # an upstream error body bigger than this is not looked into
+_DECODER = json.JSONDecoder()
+_JSON = (b"content-type", b"application/json")
+_GET_ONLY = frozenset({"/v1/models"})
+_VIEWED = frozenset(name.encode("latin-1") for name in (*KEPT_HEADERS, "authorization"))
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """What is known about one request, filled in as it goes; read by the recorders."""
+
+    method: str
+    route: str
+    path: str
+    start: float
+    request_id: str = ""
+    tenant: str | None = None
+    status: int = 500
+    code: str | None = None
+    stream: bool = False
+    bytes_in: int = 0
+    bytes_out: int = 0
+    overhead_s: float = 0.0
+    queue_s: float | None = None
+    upstream_s: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    response_started: bool = False
+    client_gone: bool = False
+    finished: bool = False  # the last message is being sent: a disconnect now is not one
+    body_pending: bool = False  # a body was announced and not read yet
+    checks: tuple[tuple[str, str], ...] = ()
+    upstream_code: str | None = None  # the code of an error the upstream answered with
+
+
+def extract_usage(data: bytes) -> dict[str, Any] | None:
+    """The last ``"usage": {...}`` object in ``data`` (a JSON body or its tail), if any."""
+    pos = data.rfind(b'"usage"')
+    while pos >= 0:
+        rest = data[pos + 7 : pos + 7 + _USAGE_MAX].lstrip()
+        if rest.startswith(b":"):
+            rest = rest[1:].lstrip()
+            if rest.startswith(b"{"):
+                try:
+                    value, _ = _DECODER.raw_decode(rest.decode("utf-8", "replace"))
+                except ValueError:
+                    value = None
+                if isinstance(value, dict):
+                    return value
+        pos = data.rfind(b'"usage"', 0, pos)
+    return None
+
+
+def upstream_error_code(data: bytes) -> str | None:
+    """``error.code`` of an OpenAI error body from the upstream, if it is a short printable
+    token (it goes into the access log: upstream text is not trusted further than that)."""
+    if len(data) > _ERROR_BODY_MAX:
+        return None
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool):
+        code = str(code)
+    if isinstance(code, str) and 0 < len(code) <= 64 and code.isascii() and code.isprintable():
+        return code
+    return None
+
+
+def check_outcomes(verdict: Verdict) -> tuple[tuple[str, str], ...]:
+    """``(step, "pass" or the code)`` for each step the pipeline ran, in order."""
+    names = list(verdict.durations)
+    outcomes = [(name, "pass") for name in names]
+    if verdict.rejection is not None and outcomes:
+        outcomes[-1] = (names[-1], verdict.rejection.code)
+    return tuple(outcomes)
+
+
+def forward_body(verdict: Verdict, raw: bytes) -> bytes:
+    """The body to forward. Mutations that only add top-level keys the body lacks (an injected
+    ``max_tokens``: the common case) are spliced into ``raw`` after its opening brace, so the
+    body is not re-serialised; anything else goes through :meth:`Verdict.forward_body`."""
+    mutations = verdict.mutations
+    if not mutations:
+        return raw
+    obj = verdict.view.obj if verdict.view is not None else None
+    head = raw.lstrip()
+    if (
+        obj is None
+        or not head.startswith(b"{")
+        or any(
+            len(m.path) != 1 or not isinstance(m.path[0], str) or m.path[0] in obj
+            for m in mutations
+        )
+        or len({m.path[0] for m in mutations}) != len(mutations)
+    ):
+        return verdict.forward_body(raw)
+    members = b",".join(_member(m.path[0], m.value) for m in mutations)
+    rest = head[1:]
+    sep = b"" if rest.lstrip().startswith(b"}") else b","
+    return b"{" + members + sep + rest
+
+
+def _member(name: str | int, value: Any) -> bytes:
+    """``"name":value`` as JSON; the usual values (an injected ``max_tokens``: a few policy
+    numbers) are encoded once."""
+    if type(value) is int:
+        return _int_member(name, value)
+    return _encode_member(name, value)
+
+
+def _encode_member(name: str | int, value: Any) -> bytes:
+    return json.dumps(name).encode() + b":" + json.dumps(value, separators=(",", ":")).encode()
+
+
+_int_member = functools.lru_cache(maxsize=256)(_encode_member)
+
+
+def _include_usage(obj: Any) -> bool:
+    if not isinstance(obj, dict):
+        return False
+    options = obj.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def _usage_int(usage: dict[str, Any] | None, key: str) -> int | None:
+    if usage is None:
+        return None
+    value = usage.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+_heap_frozen = False
+
+
+def _freeze_startup_heap() -> None:
+    """Take what is alive at the first proxied request (modules, the policy, compiled patterns,
+    the tokenizer's tables: it lives as long as the process) out of the cyclic collector's
+    reach (``gc.freeze``), once per process. Otherwise each full collection, triggered by the
+    garbage requests make, traverses all of it: measured on a guard under load, about a quarter
+    of its CPU time per request and pauses of tens of milliseconds in the latency tail."""
+    global _heap_frozen
+    _heap_frozen = True
+    gc.freeze()
+
+
+class Gateway:
+    """Everything the proxied path needs, shared by all requests of one app."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        upstream: Upstream,
+        limiter: RateLimiter,
+        concurrency: ConcurrencyLimiter,
+        metrics: GuardMetrics,
+        access_log: AccessLog,
+        tracing: Tracing | None,
+        count_tokens: Callable[[str], int],
+        client_timeout_s: float,
+    ) -> None:
+        self.policy = policy
+        self.upstream = upstream
+        self.limiter = limiter
+        self._reserve_now = limiter.reserve_nowait if type(limiter) is MemoryRateLimiter else None
+        self.concurrency = concurrency
+        self.metrics = metrics
+        self.access_log = access_log
+        self.tracing = tracing
+        self.count_tokens = count_tokens
+        self.client_timeout_s = client_timeout_s
+        body = policy.limits.body
+        self.framing = FramingLimits(
+            max_body_bytes=body.max_body_bytes,
+            max_headers=body.max_header_count,
+            max_header_bytes=body.max_header_bytes,
+            body_timeout_s=body.body_read_timeout_s,
+            content_encoding=body.content_encoding,
+            max_inflated_bytes=body.max_inflated_bytes,
+            max_inflate_ratio=body.max_inflate_ratio,
+        )
+        self.routes = policy.allowed_routes
+        self._rate_limits: dict[str | None, RateLimits] = {}
+        self._slot_limits: dict[str | None, ConcurrencyLimits] = {}
+
+    # ------------------------------------------------------------------------------ limits
+
+    def rate_limits(self, entry: KeyEntry | None) -> RateLimits:
+        digest = None if entry is None else entry.digest
+        limits = self._rate_limits.get(digest)
+        if limits is None:
+            rate = self.policy.rate_for(entry)
+            limits = RateLimits(
+                requests_per_minute=rate.requests_per_minute,
+                tokens_per_minute=rate.tokens_per_minute,
+                request_burst=rate.burst,
+                token_burst=rate.token_burst,
+            )
+            self._rate_limits[digest] = limits
+        return limits
+
+    def slot_limits(self, entry: KeyEntry | None) -> ConcurrencyLimits:
+        digest = None if entry is None else entry.digest
+        limits = self._slot_limits.get(digest)
+        if limits is None:
+            rate = self.policy.rate_for(entry)
+            limits = ConcurrencyLimits(
+                max_concurrent=rate.per_key_concurrency, max_queued=rate.queue_size
+            )
+            self._slot_limits[digest] = limits
+        return limits
+
+    # ------------------------------------------------------------------------------ routing
+
+    def route_of(self, path: str) -> str | None:
+        """The route label of a proxied path, or None if it is not proxied."""
+        if path in self.routes:
+            return path
+        if path.startswith("/v1/models/") and len(path) > 11:
+            return "/v1/models/{model}"
+        return None
+
+    # ------------------------------------------------------------------------------ handling
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not _heap_frozen:
+            _freeze_startup_heap()
+        path: str = scope["path"]
+        route = self.route_of(path)
+        ex = _Exchange(
+            method=scope["method"],
+            route=route or "other",
+            path=path if route is not None else "",
+            start=time.perf_counter(),
+        )
+        span = (
+            self.tracing.start(ex.method, ex.route, scope["headers"])
+            if self.tracing is not None
+            else None
+        )
+        task = asyncio.current_task()
+        watcher: asyncio.Future[Message] | None = None
+        extensions = scope.get("extensions")
+        hook = extensions.get(DISCONNECT_EXTENSION) if extensions else None
+
+        def client_gone() -> None:
+            if ex.finished or task is None:
+                return
+            ex.client_gone = True
+            task.cancel()
+
+        def arm() -> None:
+            nonlocal watcher
+            if isinstance(hook, DisconnectHook):  # the server tells us: no task needed
+                if hook.lost:
+                    client_gone()
+                else:
+                    hook.callback = client_gone
+                return
+            watcher = asyncio.ensure_future(receive())
+            watcher.add_done_callback(on_receive)
+
+        def on_receive(fut: asyncio.Future[Message]) -> None:
+            if fut.cancelled():
+                return
+            if fut.exception() is None and fut.result()["type"] == "http.disconnect":
+                client_gone()
+
+        self.metrics.in_flight += 1
+        try:
+            await self._handle(ex, scope, receive, send, arm, span)
+        except asyncio.CancelledError:
+            if not ex.client_gone or task is None:
+                raise
+            task.uncancel()
+            ex.status, ex.code = 499, "client_disconnected"
+            self.metrics.aborted("client_gone")
+        except ClientDisconnected:
+            ex.status, ex.code = 499, "client_disconnected"
+        except GuardError as err:
+            await self._fail(ex, send, err)
+        except Exception:
+            _log.exception("unexpected error handling %s %s", ex.method, ex.route)
+            await self._fail(ex, send, InternalError())
+        finally:
+            ex.finished = True
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
+            if isinstance(hook, DisconnectHook):
+                hook.callback = None
+            self.metrics.in_flight -= 1
+            self._record(ex, span)
+
+    async def _handle(
+        self,
+        ex: _Exchange,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        arm: Callable[[], None],
+        span: RequestSpan | None,
+    ) -> None:
+        t0 = ex.start
+        head = inspect_head(scope["headers"], self.framing)
+        ex.request_id = head.request_id or os.urandom(16).hex()
+        ex.body_pending = head.has_body
+        if ex.route == "other":
+            raise NotFound(
+                "route_not_allowed",
+                "this path is not proxied by the guard; allowed: " + ", ".join(sorted(self.routes)),
+            )
+        method = ex.method
+        expected = "GET" if ex.route in _GET_ONLY or ex.route == "/v1/models/{model}" else "POST"
+        if method != expected:
+            raise GuardError(
+                "method_not_allowed",
+                f"{ex.route} accepts {expected} only",
+                status=405,
+                headers={"allow": expected},
+            )
+        # Only the headers the key and the checks read (RequestView keeps KEPT_HEADERS).
+        pairs = normalise_headers([(k, v) for k, v in scope["headers"] if k.lower() in _VIEWED])
+        entry = resolve_key(pairs, self.policy)
+        ex.tenant = entry.tenant if entry is not None else ANONYMOUS_TENANT
+        t_read = time.perf_counter()
+        overhead = t_read - t0
+        ex.body_pending = False  # read_body decides about the connection if it refuses
+        body = await read_body(receive, head, self.framing)
+        t_checked = time.perf_counter()
+        ex.bytes_in = len(body)
+        reserve_tokens = 0
+        relay_args: dict[str, Any] = {}
+        if method == "POST":
+            verdict = evaluate_body(body, ex.path, pairs, self.policy, key=entry)
+            if span is not None:
+                ex.checks = check_outcomes(verdict)
+            self.metrics.checks_ran(verdict.durations)
+            if verdict.rejection is not None:
+                raise verdict.rejection
+            body = forward_body(verdict, body)
+            costs = verdict.costs
+            ex.prompt_tokens = costs.get("prompt_tokens", 0)
+            reserve_tokens = costs.get("tokens_reserved", ex.prompt_tokens)
+            obj = verdict.view.obj if verdict.view is not None else None
+            ex.stream = obj is not None and obj.get("stream") is True
+            relay_args = {
+                "max_tokens": costs.get("output_tokens") or None,
+                "n": costs.get("sequences", 1),
+                "include_usage": _include_usage(obj),
+                "prompt_tokens": ex.prompt_tokens,
+            }
+        elif body:
+            raise GuardError("unexpected_body", f"GET {ex.route} takes no body")
+        overhead += time.perf_counter() - t_checked
+        t_limit = time.perf_counter()
+        limits = self.rate_limits(entry)
+        if self._reserve_now is not None:  # in memory: no coroutine needed
+            reservation = self._reserve_now(ex.tenant, limits=limits, tokens=reserve_tokens)
+        else:
+            reservation = await self.limiter.reserve(
+                ex.tenant, limits=limits, requests=1, tokens=reserve_tokens
+            )
+        overhead += time.perf_counter() - t_limit
+        ex.overhead_s = overhead
+        self.metrics.overhead.observe(overhead)
+        settled = False
+        try:
+            arm()  # from here a disconnect cancels the request, queued or forwarded
+            t_queue = time.perf_counter()
+            async with self.concurrency.slot(ex.tenant, self.slot_limits(entry)):
+                ex.queue_s = time.perf_counter() - t_queue
+                self.metrics.queue_wait.observe(ex.queue_s)
+                settled = await self._forward(
+                    ex, scope, body, head.authorization, send, span, reservation, relay_args
+                )
+        finally:
+            if not settled:
+                with contextlib.suppress(Exception):
+                    await self.limiter.release(reservation)
+
+    async def _forward(
+        self,
+        ex: _Exchange,
+        scope: Scope,
+        body: bytes,
+        authorization: str | None,
+        send: Send,
+        span: RequestSpan | None,
+        reservation: Reservation,
+        relay_args: dict[str, Any],
+    ) -> bool:
+        """Send upstream and relay the answer; True once the reservation is settled."""
+        extra: dict[str, str] = {}
+        if span is not None:
+            span.inject(extra)
+        # The client's key is the guard's business when the guard has keys; else it is passed.
+        auth = None if self.policy.keys else authorization
+        t_up = time.perf_counter()
+        resp = await self.upstream.send(
+            ex.method,
+            ex.path,
+            scope.get("query_string", b"").decode("latin-1"),
+            scope["headers"],
+            body if ex.method == "POST" else None,
+            request_id=ex.request_id,
+            authorization=auth,
+            extra_headers=extra,
+        )
+        ex.upstream_s = time.perf_counter() - t_up
+        self.metrics.upstream_answered(ex.route, ex.upstream_s)
+        try:
+            if resp.is_event_stream:
+                ex.stream = True
+                usage, completion = await self._relay_stream(ex, resp, send, relay_args)
+            else:
+                usage = await self._relay_body(ex, resp, send)
+                completion = _usage_int(usage, "completion_tokens")
+        finally:
+            resp.release()
+        if resp.status >= 400:
+            await self.limiter.release(reservation)
+            return True
+        prompt = _usage_int(usage, "prompt_tokens")
+        if prompt is not None:
+            ex.prompt_tokens = prompt
+        if completion is not None:
+            ex.completion_tokens = completion
+        total = _usage_int(usage, "total_tokens")
+        if completion is not None:
+            actual = ex.prompt_tokens + completion
+        elif total is not None:  # embeddings: prompt tokens only
+            actual = total
+        else:
+            actual = reservation.tokens  # nothing to settle with: keep it as charged
+        await self.limiter.reconcile(reservation, actual)
+        return True
+
+    async def _relay_body(
+        self, ex: _Exchange, resp: UpstreamResponse, send: Send
+    ) -> dict[str, Any] | None:
+        headers = response_headers(resp)
+        headers.append((b"x-request-id", ex.request_id.encode()))
+        length = resp.content_length
+        if length is not None and length <= _BUFFER_MAX:
+            data = await resp.read(_BUFFER_MAX)
+            headers.append((b"content-length", str(len(data)).encode()))
+            ex.finished = True  # nothing left to cancel; a disconnect from here is harmless
+            ex.status = resp.status
+            ex.response_started = True
+            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            await send({"type": "http.response.body", "body": data})
+            ex.bytes_out = len(data)
+            if resp.status >= 400:
+                ex.upstream_code = upstream_error_code(data)
+                return None
+            return extract_usage(data)
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
+        ex.status = resp.status
+        ex.response_started = True
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        tail = b""
+        try:
+            async for chunk in resp.chunks():
+                await self._write(send, chunk)
+                ex.bytes_out += len(chunk)
+                tail = (tail + chunk)[-_USAGE_TAIL:]
+        except UpstreamError as err:
+            # Headers are out: the client can only see a cut connection.
+            ex.status, ex.code = err.status, err.code
+            self.metrics.rejected(err.code)
+            return None
+        ex.finished = True
+        await send({"type": "http.response.body", "body": b""})
+        return extract_usage(tail) if resp.status < 400 else None
+
+    async def _relay_stream(
+        self, ex: _Exchange, resp: UpstreamResponse, send: Send, relay_args: dict[str, Any]
+    ) -> tuple[dict[str, Any] | None, int | None]:
+        relay = SseRelay(self.count_tokens, **{"max_tokens": None, **relay_args})
+        headers = response_headers(resp)
+        headers.append((b"x-request-id", ex.request_id.encode()))
+        headers.append((b"x-accel-buffering", b"no"))
+        ex.status = resp.status
+        ex.response_started = True
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        try:
+            async for chunk in resp.chunks():
+                out = relay.feed(chunk)
+                if out:
+                    await self._write(send, out)
+                    ex.bytes_out += len(out)
+                if relay.cut or relay.oversized:
+                    resp.abort()
+                    self.metrics.aborted("output_cap" if relay.cut else "bad_event")
+                    break
+            else:
+                rest = relay.finish()
+                if rest:
+                    await self._write(send, rest)
+                    ex.bytes_out += len(rest)
+        except UpstreamError as err:
+            ex.code = err.code
+            self.metrics.rejected(err.code)
+            if not relay.done:
+                out = error_event(err.to_body())
+                await self._write(send, out)
+                ex.bytes_out += len(out)
+        if relay.oversized:
+            ex.code = "upstream_error"
+            self.metrics.rejected("upstream_error")
+        ex.finished = True
+        await send({"type": "http.response.body", "body": b""})
+        completion = relay.completion_tokens if (relay.events or relay.usage) else None
+        return relay.usage, completion
+
+    async def _write(self, send: Send, data: bytes) -> None:
+        """Send one body chunk; a client that stops reading for ``client_timeout_s`` is cut."""
+        try:
+            async with asyncio.timeout(self.client_timeout_s):
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        except TimeoutError:
+            raise _ClientTooSlow() from None
+
+    async def _fail(self, ex: _Exchange, send: Send, err: GuardError) -> None:
+        ex.status, ex.code = err.status, err.code
+        if isinstance(err, _ClientTooSlow):
+            self.metrics.aborted("client_too_slow")
+        self.metrics.rejected(err.code)
+        if ex.response_started:
+            return  # the connection is closed by the server when the app returns unfinished
+        if not ex.request_id:
+            ex.request_id = os.urandom(16).hex()
+        if ex.body_pending and "connection" not in err.headers:
+            # Refused before its body was read: drop the connection rather than drain the body.
+            err.headers = {**err.headers, "connection": "close"}
+        await send_error(send, err, ex.request_id)
+        ex.response_started = True
+
+    def _record(self, ex: _Exchange, span: RequestSpan | None) -> None:
+        duration = time.perf_counter() - ex.start
+        self.metrics.request_done(ex.route, ex.status, duration)
+        if ex.tenant is not None and ex.status < 400:
+            self.metrics.tokens_used(ex.tenant, ex.prompt_tokens, ex.completion_tokens)
+        self.access_log.emit(
+            RequestFields(
+                ex.request_id,
+                ex.method,
+                ex.route,
+                ex.status,
+                ex.code,
+                ex.upstream_code,
+                ex.tenant,
+                ex.stream,
+                duration,
+                ex.overhead_s,
+                ex.queue_s,
+                ex.upstream_s,
+                ex.prompt_tokens,
+                ex.completion_tokens,
+                ex.bytes_in,
+                ex.bytes_out,
+            )
+        )
+        if span is not None:
+            span.set_many(
+                {
+                    "schedguard.request_id": ex.request_id,
+                    "schedguard.tenant": ex.tenant or "",
+                    "schedguard.verdict": "allowed" if ex.status < 400 else "rejected",
+                    "schedguard.prompt_tokens": ex.prompt_tokens,
+                    "schedguard.completion_tokens": ex.completion_tokens,
+                }
+            )
+            if ex.path:
+                span.set("url.path", ex.path)
+            span.checks(ex.checks)
+            span.end(ex.status, ex.code)
+
+
+class InternalError(GuardError):
+    """A bug in the guard (never bad input): 500, no detail in the body, the cause logged."""
+
+    status = 500
+    type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__("internal_error", "the guard failed; the error was logged")
+
+
+class _ClientTooSlow(GuardError):
+    status = 499
+
+    def __init__(self) -> None:
+        super().__init__("client_too_slow", "the client stopped reading the response")
+
+
+async def send_error(send: Send, err: GuardError, request_id: str) -> None:
+    """An OpenAI error body with the error's status and headers."""
+    data = json.dumps(err.to_body(), separators=(",", ":")).encode()
+    headers = [
+        _JSON,
+        (b"content-length", str(len(data)).encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    headers.extend(
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()
+    )
+    status = err.status if 400 <= err.status <= 599 else 400
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})

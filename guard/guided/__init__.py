@@ -1,0 +1,15 @@
+"""Guided-decoding checks: regexes (RE2 under a memory cap, ambiguous nested repetition), JSON
+schemas and grammars, each bounded before an upstream compiles them.
+"""
+
+from __future__ import annotations
+
+from guard.guided._check import (
+    GuidedLimits,
+    check_guided_decoding,
+)
+
+__all__ = [
+    "GuidedLimits",
+    "check_guided_decoding",
+]

@@ -1,0 +1,836 @@
+"""Guided-decoding constraints checked before an upstream compiles them.
+
+Regexes, JSON schemas, grammars and choice lists in a request become automata or grammars inside
+the upstream (xgrammar, outlines, llguidance, llama.cpp's GBNF parser). Building those can burn
+CPU, exhaust memory or overflow a native stack, so this module refuses, in time linear in the
+request, anything over explicit limits:
+
+- regexes (``guided_regex``, ``structured_outputs.regex``, whitespace patterns, JSON-schema
+  ``pattern`` and ``patternProperties`` keys): a length cap, a structural scan for nesting,
+  repetition products and ambiguous nested repetition (:mod:`guard.guided._regex_scan`), then RE2
+  under a memory cap (:mod:`guard.guided._re2`): what RE2 refuses is refused;
+- JSON schemas (``response_format``, ``guided_json``, ``structured_outputs.json``, tool and
+  function ``parameters``, ...): walked iteratively with caps on depth, nodes, characters,
+  ``$ref`` count, ``$ref`` expansion (size and depth, so no billion laughs) and recursion,
+  ``enum`` size and the numbers that drive grammar size (``maxLength``, ``minItems``, ...);
+- grammars (llama.cpp ``grammar``, ``guided_grammar``, ``structured_outputs.grammar``, SGLang
+  ``ebnf``): length, nesting (llama.cpp recurses once per group), rule count, ``{m,n}``
+  repetition, and a nullable body under ``*`` / ``+`` (llama.cpp issue 18988), see
+  :mod:`guard.guided._grammar_scan`;
+- choice lists (``guided_choice``, ``structured_outputs.choice``): count and total characters;
+- the same inside structural tags, TGI's ``grammar`` object, the Responses API's
+  ``text.format`` and custom tools' ``format``.
+
+Codes: ``guided_regex_{too_long,invalid,unsafe}``, ``guided_schema_{too_deep,too_large,
+invalid}``, ``guided_grammar_{too_deep,too_large,unsafe,invalid}``,
+``guided_choice_{too_large,invalid}``; ``*_invalid`` is a :class:`~guard.errors.GuardError`,
+the rest :class:`~guard.errors.LimitExceeded`, all HTTP 400.
+
+Everything is a pure function of (request body, :class:`GuidedLimits`); refusals carry a stable
+code and a ``param`` naming the field, and never quote attacker-sized text.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+from urllib.parse import unquote
+
+from guard.errors import GuardError, LimitExceeded
+from guard.guided._grammar_scan import scan_gbnf, scan_nesting
+from guard.guided._re2 import re2_program_size
+from guard.guided._regex_scan import UNSAFE, RegexRejected, ScanLimits, scan_regex
+
+__all__ = ["GuidedLimits", "check_guided_decoding"]
+
+
+@dataclass(frozen=True)
+class GuidedLimits:
+    """Limits for guided-decoding constraints. Counts marked "per request" are summed over all
+    regexes, schemas or grammars in one request body."""
+
+    # Regexes. RE2 compile time grows with program size (~0.3 µs per instruction), so the
+    # program size caps bound it; the structural scan estimates the size before compiling.
+    max_regex_length: int = 2048
+    max_regex_nesting: int = 32
+    max_regex_repeat_product: int = 1000
+    max_regex_program_size: int = 10_000
+    max_regex_ambiguous_ways: int = 4096
+    max_regex_adjacent_unbounded: int = 4
+    re2_max_mem: int = 1 << 20
+    max_regexes: int = 128  # per request
+    max_regex_total_length: int = 16_384  # per request
+    max_regex_total_program_size: int = 50_000  # per request
+    # JSON schemas.
+    max_schema_depth: int = 64  # JSON nesting, also after $ref expansion
+    max_schema_nodes: int = 10_000  # per request, after $ref expansion
+    max_schema_chars: int = 262_144  # per request: keys and string values
+    max_schema_refs: int = 256  # per request
+    allow_recursive_refs: bool = False
+    max_schema_enum: int = 1024
+    max_schema_length_bound: int = 10_000  # minLength / maxLength
+    max_schema_items_bound: int = 1_000  # min/max Items, Properties, Contains
+    max_schema_number: float = 1e15  # |minimum|, |maximum|, multipleOf, ...
+    max_schemas: int = 128  # per request
+    # Grammars (GBNF, EBNF, Lark).
+    max_grammar_chars: int = 32_768
+    max_grammar_depth: int = 64
+    max_grammar_rules: int = 1024
+    max_grammar_repeat: int = 1000  # nested {m,n} product
+    max_grammar_repeat_total: int = 10_000  # sum of {m,n} counts in one grammar
+    # Choice lists.
+    max_choices: int = 256
+    max_choice_chars: int = 65_536
+
+
+# ---- errors and parameter paths --------------------------------------------------------------
+
+_Path = tuple[str | int, ...]
+_IDENT = re.compile(r"[A-Za-z0-9_$\-]{1,40}")
+_MAX_PATH = 300
+
+
+def _fmt(path: _Path) -> str:
+    """``a.b[0]["odd key"]``; keys are cut to 40 characters and the path to 300."""
+    out: list[str] = []
+    for part in path:
+        if isinstance(part, int):
+            out.append(f"[{part}]")
+        elif _IDENT.fullmatch(part):
+            out.append(f".{part}" if out else part)
+        else:
+            label = part if len(part) <= 40 else part[:40] + "..."
+            out.append("[" + json.dumps(label) + "]")
+    text = "".join(out)
+    if len(text) > _MAX_PATH:
+        text = text[: _MAX_PATH // 2 - 2] + "..." + text[-(_MAX_PATH // 2 - 2) :]
+    return text
+
+
+def _limit(code: str, message: str, path: _Path) -> NoReturn:
+    raise LimitExceeded(code, message, param=_fmt(path))
+
+
+def _invalid(code: str, message: str, path: _Path) -> NoReturn:
+    raise GuardError(code, message, param=_fmt(path))
+
+
+class _Ctx:
+    """Per-request counters shared by every constraint in the body."""
+
+    def __init__(self, limits: GuidedLimits) -> None:
+        self.limits = limits
+        self.scan_limits = ScanLimits(
+            max_nesting=limits.max_regex_nesting,
+            max_repeat_product=limits.max_regex_repeat_product,
+            max_program_size=limits.max_regex_program_size,
+            max_ambiguous_ways=limits.max_regex_ambiguous_ways,
+            max_adjacent_unbounded=limits.max_regex_adjacent_unbounded,
+        )
+        self.regexes = 0
+        self.regex_chars = 0
+        self.regex_program = 0
+        self.regex_sizes: dict[str, int] = {}  # accepted pattern -> estimated program size
+        self.schemas = 0
+        self.schema_nodes = 0
+        self.schema_chars = 0
+        self.refs = 0
+
+    # The path is built only when a limit is crossed: walks call these once per node.
+    def nodes_over(self, n: int) -> bool:
+        self.schema_nodes += n
+        return self.schema_nodes > self.limits.max_schema_nodes
+
+    def chars_over(self, n: int) -> bool:
+        self.schema_chars += n
+        return self.schema_chars > self.limits.max_schema_chars
+
+    def too_many_nodes(self, path: _Path) -> NoReturn:
+        _limit(
+            "guided_schema_too_large",
+            f"JSON schemas in the request exceed {self.limits.max_schema_nodes} nodes",
+            path,
+        )
+
+    def too_many_chars(self, path: _Path) -> NoReturn:
+        _limit(
+            "guided_schema_too_large",
+            f"JSON schemas in the request exceed {self.limits.max_schema_chars} characters",
+            path,
+        )
+
+
+# ---- regexes ---------------------------------------------------------------------------------
+
+
+def _check_regex(ctx: _Ctx, pattern: Any, path: _Path) -> None:
+    limits = ctx.limits
+    if not isinstance(pattern, str):
+        _invalid("guided_regex_invalid", "a regex must be a string", path)
+    if len(pattern) > limits.max_regex_length:
+        _limit(
+            "guided_regex_too_long",
+            f"regex longer than {limits.max_regex_length} characters",
+            path,
+        )
+    ctx.regexes += 1
+    if ctx.regexes > limits.max_regexes:
+        _limit("guided_regex_unsafe", f"more than {limits.max_regexes} regexes", path)
+    ctx.regex_chars += len(pattern)
+    if ctx.regex_chars > limits.max_regex_total_length:
+        _limit(
+            "guided_regex_too_long",
+            f"regexes in the request exceed {limits.max_regex_total_length} characters",
+            path,
+        )
+    # Budgets count every occurrence; the work is done once per distinct pattern (tools often
+    # repeat the same ones).
+    known = ctx.regex_sizes.get(pattern)
+    try:
+        scan_size = (
+            known if known is not None else scan_regex(pattern, ctx.scan_limits).est_program_size
+        )
+        ctx.regex_program += scan_size
+        if ctx.regex_program > limits.max_regex_total_program_size:
+            _limit(
+                "guided_regex_unsafe",
+                "regexes in the request would compile to more than "
+                f"{limits.max_regex_total_program_size} instructions",
+                path,
+            )
+        if known is None:
+            re2_program_size(
+                pattern,
+                max_mem=limits.re2_max_mem,
+                max_program_size=limits.max_regex_program_size,
+            )
+            ctx.regex_sizes[pattern] = scan_size
+    except RegexRejected as e:
+        if e.code == UNSAFE:
+            _limit(e.code, e.message, path)
+        _invalid(e.code, e.message, path)
+
+
+# ---- JSON text embedded in a string ------------------------------------------------------------
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate key")
+    return out
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 20:
+        raise ValueError("integer too long")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("non-finite number")
+    return value
+
+
+def _reject_constant(_: str) -> NoReturn:
+    raise ValueError("non-finite number")
+
+
+def _parse_json_text(ctx: _Ctx, text: str, path: _Path) -> Any:
+    """Parse a schema sent as a JSON string; size-capped, and the C parser raises
+    RecursionError (not a crash) on deep nesting."""
+    if ctx.chars_over(len(text)):
+        ctx.too_many_chars(path)
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            parse_constant=_reject_constant,
+        )
+    except RecursionError:
+        _limit(
+            "guided_schema_too_deep",
+            f"JSON nested deeper than {ctx.limits.max_schema_depth} levels",
+            path,
+        )
+    except (ValueError, TypeError):
+        _invalid("guided_schema_invalid", "the schema string is not valid JSON", path)
+
+
+# ---- JSON schemas ------------------------------------------------------------------------------
+
+# What a walked value is: a schema, a map or list of schemas, or plain data (counted only).
+_SCHEMA, _MAP, _LIST, _PATTERN_MAP, _DEPS, _DATA = range(6)
+
+_SCHEMA_KEYWORDS = frozenset(
+    {
+        "additionalProperties",
+        "additionalItems",
+        "contains",
+        "not",
+        "if",
+        "then",
+        "else",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "contentSchema",
+    }
+)
+_MAP_KEYWORDS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
+_LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_LENGTH_KEYWORDS = frozenset({"minLength", "maxLength"})
+_COUNT_KEYWORDS = frozenset(
+    {"minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains"}
+)
+_NUMBER_KEYWORDS = frozenset(
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+)
+_REF_KEYWORDS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
+_BOOL_TARGET = -2
+# What _lookup returns for a $ref it cannot resolve, and the message each gets.
+_REF_NOT_LOCAL, _REF_ANCHOR, _REF_UNRESOLVED = -3, -4, -5
+_REF_ERRORS = {
+    _REF_NOT_LOCAL: "only local $ref values ('#' or '#/...') are allowed",
+    _REF_ANCHOR: "$ref anchors are not supported",
+    _REF_UNRESOLVED: "$ref does not resolve to a schema",
+}
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list | tuple)
+
+
+class _SchemaWalk:
+    """One schema, walked with an explicit stack; containers get pre-order indices so that a
+    subtree is an index interval (used to expand ``$ref`` without materialising anything)."""
+
+    def __init__(self, ctx: _Ctx, root: Any, path: _Path) -> None:
+        self.ctx = ctx
+        self.limits = ctx.limits
+        self.root = root
+        self.path = path
+        self.parent: list[int] = []
+        self.label: list[str | int] = []
+        self.depth: list[int] = []
+        self.count: list[int] = []  # the container plus its scalar children
+        self.schema_index: dict[int, int] = {}  # id(schema object) -> index
+        self.refs: list[tuple[int, str, str]] = []  # (site index, ref, keyword)
+        self.patterns: list[tuple[int, str, str]] = []  # (index, label, pattern)
+
+    def path_of(self, idx: int, *extra: str | int) -> _Path:
+        parts: list[str | int] = []
+        while idx > 0:
+            parts.append(self.label[idx])
+            idx = self.parent[idx]
+        parts.reverse()
+        return self.path + tuple(parts) + extra
+
+    def run(self) -> None:
+        self._walk()
+        self._expand_refs()
+        for idx, label, pattern in self.patterns:
+            _check_regex(self.ctx, pattern, self.path_of(idx, label))
+
+    # -- the walk ------------------------------------------------------------------------------
+
+    def _walk(self) -> None:
+        limits = self.limits
+        ctx = self.ctx
+        stack: list[tuple[Any, int, str | int, int, int]] = [(self.root, -1, "", 1, _SCHEMA)]
+        while stack:
+            node, parent, label, depth, role = stack.pop()
+            if ctx.nodes_over(1):
+                ctx.too_many_nodes(self.path if parent < 0 else self.path_of(parent, label))
+            is_map = isinstance(node, Mapping)
+            if not (is_map or _is_list(node)):
+                self._scalar(node, parent, label, role)
+                continue
+            idx = len(self.parent)
+            self.parent.append(parent)
+            self.label.append(label)
+            self.depth.append(depth)
+            self.count.append(1)
+            if depth > limits.max_schema_depth:
+                _limit(
+                    "guided_schema_too_deep",
+                    f"schema nested deeper than {limits.max_schema_depth} levels",
+                    self.path_of(idx),
+                )
+            # Every value on the stack is charged when popped: refuse a container whose
+            # children cannot all fit before copying or pushing any of them.
+            if ctx.schema_nodes + len(stack) + len(node) > limits.max_schema_nodes:
+                ctx.too_many_nodes(self.path_of(idx))
+            if role == _SCHEMA:
+                if not is_map:
+                    _invalid(
+                        "guided_schema_invalid",
+                        "a schema must be an object or a boolean",
+                        self.path_of(idx),
+                    )
+                self.schema_index[id(node)] = idx
+                self._schema(node, idx, depth, stack)
+            elif role == _DATA:
+                items = node.items() if is_map else enumerate(node)
+                for key, value in reversed(list(items)):
+                    if isinstance(key, str) and ctx.chars_over(len(key)):
+                        ctx.too_many_chars(self.path_of(idx))
+                    label = key if isinstance(key, str | int) else "?"
+                    stack.append((value, idx, label, depth + 1, _DATA))
+            elif role == _LIST:
+                if is_map:
+                    _invalid(
+                        "guided_schema_invalid", "expected a list of schemas", self.path_of(idx)
+                    )
+                for i in range(len(node) - 1, -1, -1):
+                    stack.append((node[i], idx, i, depth + 1, _SCHEMA))
+            else:  # _MAP, _PATTERN_MAP, _DEPS: objects whose values are schemas
+                if not is_map:
+                    _invalid("guided_schema_invalid", "expected an object", self.path_of(idx))
+                for key, value in reversed(list(node.items())):
+                    if not isinstance(key, str):
+                        _invalid("guided_schema_invalid", "keys must be strings", self.path_of(idx))
+                    if ctx.chars_over(len(key)):
+                        ctx.too_many_chars(self.path_of(idx))
+                    if role == _PATTERN_MAP:
+                        self.patterns.append((idx, key, key))
+                    child_role = _DATA if role == _DEPS and _is_list(value) else _SCHEMA
+                    stack.append((value, idx, key, depth + 1, child_role))
+
+    def _scalar(self, node: Any, parent: int, label: str | int, role: int) -> None:
+        if parent >= 0:
+            self.count[parent] += 1
+        if isinstance(node, str) and self.ctx.chars_over(len(node)):
+            self.ctx.too_many_chars(self.path_of(parent, label) if parent >= 0 else self.path)
+        if role == _SCHEMA and not isinstance(node, bool):
+            path = self.path if parent < 0 else self.path_of(parent, label)
+            _invalid("guided_schema_invalid", "a schema must be an object or a boolean", path)
+        if role in (_MAP, _PATTERN_MAP, _DEPS, _LIST):
+            _invalid(
+                "guided_schema_invalid",
+                "expected an object" if role != _LIST else "expected a list of schemas",
+                self.path_of(parent, label),
+            )
+
+    def _schema(
+        self,
+        node: Mapping[Any, Any],
+        idx: int,
+        depth: int,
+        stack: list[tuple[Any, int, str | int, int, int]],
+    ) -> None:
+        limits = self.limits
+        for key, value in reversed(list(node.items())):
+            if not isinstance(key, str):
+                _invalid("guided_schema_invalid", "keys must be strings", self.path_of(idx))
+            if self.ctx.chars_over(len(key)):
+                self.ctx.too_many_chars(self.path_of(idx))
+            role = _DATA
+            if key == "pattern":
+                if not isinstance(value, str):
+                    _invalid(
+                        "guided_regex_invalid", "a regex must be a string", self.path_of(idx, key)
+                    )
+                self.patterns.append((idx, key, value))
+            elif key == "patternProperties":
+                role = _PATTERN_MAP
+            elif key in _MAP_KEYWORDS:
+                role = _MAP
+            elif key == "dependencies":
+                role = _DEPS
+            elif key == "items":
+                role = _LIST if _is_list(value) else _SCHEMA
+            elif key in _LIST_KEYWORDS:
+                role = _LIST
+            elif key in _SCHEMA_KEYWORDS:
+                role = _SCHEMA
+            elif key in _REF_KEYWORDS:
+                if not isinstance(value, str):
+                    _invalid(
+                        "guided_schema_invalid", "$ref must be a string", self.path_of(idx, key)
+                    )
+                self.refs.append((idx, value, key))
+            elif key == "enum":
+                if not _is_list(value):
+                    _invalid("guided_schema_invalid", "enum must be a list", self.path_of(idx, key))
+                if len(value) > limits.max_schema_enum:
+                    _limit(
+                        "guided_schema_too_large",
+                        f"enum with more than {limits.max_schema_enum} values",
+                        self.path_of(idx, key),
+                    )
+            elif key in _LENGTH_KEYWORDS:
+                self._bound(value, limits.max_schema_length_bound, idx, key)
+            elif key in _COUNT_KEYWORDS:
+                self._bound(value, limits.max_schema_items_bound, idx, key)
+            elif key in _NUMBER_KEYWORDS:
+                self._number(value, idx, key)
+            stack.append((value, idx, key, depth + 1, role))
+
+    def _bound(self, value: Any, cap: int, idx: int, key: str) -> None:
+        """A count that grammar compilers unroll (``maxLength`` 10**9 becomes 10**9 states)."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            _invalid("guided_schema_invalid", f"{key} must be a number", self.path_of(idx, key))
+        if isinstance(value, float) and not (math.isfinite(value) and value == int(value)):
+            _invalid("guided_schema_invalid", f"{key} must be an integer", self.path_of(idx, key))
+        if value < 0:
+            _invalid("guided_schema_invalid", f"{key} must not be negative", self.path_of(idx, key))
+        if value > cap:
+            _limit(
+                "guided_schema_too_large", f"{key} above the limit of {cap}", self.path_of(idx, key)
+            )
+
+    def _number(self, value: Any, idx: int, key: str) -> None:
+        if isinstance(value, bool) and key in ("exclusiveMinimum", "exclusiveMaximum"):
+            return  # draft 4 spells these as booleans
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            _invalid("guided_schema_invalid", f"{key} must be a number", self.path_of(idx, key))
+        if isinstance(value, float) and not math.isfinite(value):
+            _invalid("guided_schema_invalid", f"{key} must be finite", self.path_of(idx, key))
+        if abs(value) > self.limits.max_schema_number:
+            _limit(
+                "guided_schema_too_large",
+                f"{key} beyond ±{self.limits.max_schema_number:g}",
+                self.path_of(idx, key),
+            )
+        if key == "multipleOf" and value <= 0:
+            _invalid("guided_schema_invalid", "multipleOf must be positive", self.path_of(idx, key))
+
+    # -- $ref ----------------------------------------------------------------------------------
+
+    def _resolve(self, ref: str, site: int, key: str, resolved: dict[str, int]) -> int:
+        """The index of the schema ``ref`` names (``resolved`` caches it by the ref's text: a
+        ref bomb repeats a few refs many times); the error's path is built only on failure."""
+        target = resolved.get(ref)
+        if target is None:
+            target = self._lookup(ref)
+            if target in _REF_ERRORS:
+                _invalid("guided_schema_invalid", _REF_ERRORS[target], self.path_of(site, key))
+            resolved[ref] = target
+        return target
+
+    def _lookup(self, ref: str) -> int:
+        """The index of the schema ``ref`` names, or a negative key of ``_REF_ERRORS``."""
+        if not ref.startswith("#"):
+            return _REF_NOT_LOCAL
+        if ref == "#":
+            return 0
+        if not ref.startswith("#/"):
+            return _REF_ANCHOR
+        node: Any = self.root
+        tokens = ref[2:].split("/", self.limits.max_schema_depth + 1)
+        if len(tokens) > self.limits.max_schema_depth:
+            return _REF_UNRESOLVED
+        for raw in tokens:
+            token = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, Mapping) and token in node:
+                node = node[token]
+            elif _is_list(node) and token.isdigit() and len(token) < 10 and int(token) < len(node):
+                node = node[int(token)]
+            else:
+                return _REF_UNRESOLVED
+        if isinstance(node, bool):
+            return _BOOL_TARGET
+        return self.schema_index.get(id(node), _REF_UNRESOLVED)
+
+    def _expand_refs(self) -> None:
+        """Size and depth of the schema with every $ref inlined, by dynamic programming over the
+        (small) graph of ref targets; a cycle is infinite expansion."""
+        limits = self.limits
+        n = len(self.parent)
+        if n == 0:
+            return
+        # subtree interval end, node count and deepest level, children before parents
+        end = list(range(1, n + 1))
+        total = list(self.count)
+        deepest = list(self.depth)
+        for i in range(n - 1, 0, -1):
+            p = self.parent[i]
+            if end[i] > end[p]:
+                end[p] = end[i]
+            total[p] += total[i]
+            if deepest[i] > deepest[p]:
+                deepest[p] = deepest[i]
+        if not self.refs:
+            return
+        self.ctx.refs += len(self.refs)
+        if self.ctx.refs > limits.max_schema_refs:
+            site, _, key = self.refs[0]
+            _limit(
+                "guided_schema_too_large",
+                f"more than {limits.max_schema_refs} $ref in the request",
+                self.path_of(site, key),
+            )
+        sites = [site for site, _, _ in self.refs]  # ascending: recorded in pre-order
+        resolved: dict[str, int] = {}
+        targets = [self._resolve(ref, site, key, resolved) for site, ref, key in self.refs]
+        cap = limits.max_schema_nodes + 1
+        size: dict[int, int] = {}
+        span: dict[int, int] = {}
+        state: dict[int, int] = {0: 1}  # 1: on the DFS path, 2: done
+        stack: list[tuple[int, int]] = [(0, bisect.bisect_left(sites, 0))]
+        while stack:
+            node, pos = stack[-1]
+            stop = bisect.bisect_left(sites, end[node])
+            if pos < stop:
+                stack[-1] = (node, pos + 1)
+                child = targets[pos]
+                if child == _BOOL_TARGET or state.get(child) == 2:
+                    continue
+                if state.get(child) == 1:
+                    if limits.allow_recursive_refs:
+                        continue
+                    site, _, key = self.refs[pos]
+                    _limit(
+                        "guided_schema_too_deep",
+                        "recursive $ref (the schema would expand without end)",
+                        self.path_of(site, key),
+                    )
+                state[child] = 1
+                stack.append((child, bisect.bisect_left(sites, child)))
+                continue
+            stack.pop()
+            state[node] = 2
+            s = total[node]
+            d = deepest[node] - self.depth[node] + 1
+            for k in range(bisect.bisect_left(sites, node), stop):
+                child = targets[k]
+                if child == _BOOL_TARGET:
+                    child_size, child_depth = 1, 1
+                elif child in size:
+                    child_size, child_depth = size[child], span[child]
+                else:
+                    continue  # a back edge, allowed by policy: counted once
+                s = min(s + child_size, cap)
+                d = max(d, self.depth[sites[k]] - self.depth[node] + child_depth)
+            size[node], span[node] = s, min(d, cap)
+        if self.ctx.nodes_over(size[0] - total[0]):
+            _limit(
+                "guided_schema_too_large",
+                f"JSON schemas exceed {limits.max_schema_nodes} nodes once $ref is expanded",
+                self.path,
+            )
+        if span[0] > limits.max_schema_depth:
+            _limit(
+                "guided_schema_too_deep",
+                f"schema nested deeper than {limits.max_schema_depth} levels once $ref is expanded",
+                self.path,
+            )
+
+
+def _check_schema(ctx: _Ctx, value: Any, path: _Path) -> None:
+    if value is None:
+        return
+    ctx.schemas += 1
+    if ctx.schemas > ctx.limits.max_schemas:
+        _limit("guided_schema_too_large", f"more than {ctx.limits.max_schemas} schemas", path)
+    if isinstance(value, str):
+        value = _parse_json_text(ctx, value, path)
+    if not (isinstance(value, Mapping | bool)):
+        _invalid("guided_schema_invalid", "a schema must be an object or a boolean", path)
+    if isinstance(value, bool):
+        if ctx.nodes_over(1):
+            ctx.too_many_nodes(path)
+        return
+    _SchemaWalk(ctx, value, path).run()
+
+
+# ---- grammars ----------------------------------------------------------------------------------
+
+
+def _check_grammar(ctx: _Ctx, text: Any, path: _Path, *, gbnf_only: bool) -> None:
+    limits = ctx.limits
+    if not isinstance(text, str):
+        _invalid("guided_grammar_invalid", "a grammar must be a string", path)
+    if len(text) > limits.max_grammar_chars:
+        _limit(
+            "guided_grammar_too_large",
+            f"grammar longer than {limits.max_grammar_chars} characters",
+            path,
+        )
+    try:
+        scan_gbnf(
+            text,
+            max_depth=limits.max_grammar_depth,
+            max_rules=limits.max_grammar_rules,
+            max_repeat=limits.max_grammar_repeat,
+            max_repeat_total=limits.max_grammar_repeat_total,
+        )
+        if not gbnf_only:
+            scan_nesting(text, max_depth=limits.max_grammar_depth)
+    except RegexRejected as e:
+        _limit(e.code, e.message, path)
+
+
+# ---- choices and structural tags ---------------------------------------------------------------
+
+
+def _check_choice(ctx: _Ctx, choices: Any, path: _Path) -> None:
+    limits = ctx.limits
+    if not _is_list(choices):
+        _invalid("guided_choice_invalid", "choices must be a list of strings", path)
+    if len(choices) > limits.max_choices:
+        _limit("guided_choice_too_large", f"more than {limits.max_choices} choices", path)
+    total = 0
+    for i, choice in enumerate(choices):
+        if not isinstance(choice, str):
+            _invalid("guided_choice_invalid", "choices must be strings", (*path, i))
+        total += len(choice)
+        if total > limits.max_choice_chars:
+            _limit(
+                "guided_choice_too_large",
+                f"choices exceed {limits.max_choice_chars} characters in total",
+                (*path, i),
+            )
+
+
+_TAG_SCHEMA_KEYS = frozenset({"schema", "json_schema", "parameters"})
+_TAG_REGEX_KEYS = frozenset({"pattern", "regex"})
+_TAG_GRAMMAR_KEYS = frozenset({"grammar", "ebnf", "lark"})
+
+
+def _check_structural_tag(ctx: _Ctx, value: Any, path: _Path) -> None:
+    """vLLM/xgrammar structural tags nest schemas, regexes and grammars in a free-form tree:
+    walk it (iteratively, under the schema caps) and check every constraint found."""
+    if value is None:
+        return
+    if isinstance(value, str):
+        value = _parse_json_text(ctx, value, path)
+    stack: list[tuple[Any, _Path, int]] = [(value, path, 1)]
+    while stack:
+        node, at, depth = stack.pop()
+        if ctx.nodes_over(1):
+            ctx.too_many_nodes(at)
+        if depth > ctx.limits.max_schema_depth:
+            _limit(
+                "guided_schema_too_deep",
+                f"structural tag nested deeper than {ctx.limits.max_schema_depth} levels",
+                at,
+            )
+        if (isinstance(node, Mapping) or _is_list(node)) and (
+            ctx.schema_nodes + len(stack) + len(node) > ctx.limits.max_schema_nodes
+        ):
+            ctx.too_many_nodes(at)
+        if isinstance(node, Mapping):
+            for key, child in node.items():
+                if not isinstance(key, str):
+                    continue
+                child_at = (*at, key)
+                if key in _TAG_SCHEMA_KEYS and isinstance(child, Mapping | bool):
+                    _check_schema(ctx, child, child_at)
+                elif key in _TAG_REGEX_KEYS and isinstance(child, str):
+                    _check_regex(ctx, child, child_at)
+                elif key in _TAG_GRAMMAR_KEYS and isinstance(child, str):
+                    _check_grammar(ctx, child, child_at, gbnf_only=False)
+                elif isinstance(child, Mapping) or _is_list(child):
+                    stack.append((child, child_at, depth + 1))
+        elif _is_list(node):
+            for i, child in enumerate(node):
+                if isinstance(child, Mapping) or _is_list(child):
+                    stack.append((child, (*at, i), depth + 1))
+
+
+# ---- the request -------------------------------------------------------------------------------
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
+def check_guided_decoding(body: Mapping[str, Any], limits: GuidedLimits) -> None:
+    """Refuse unsafe guided-decoding constraints in an OpenAI / vLLM / SGLang / llama.cpp / TGI
+    request body; return None when every constraint is within ``limits``.
+
+    Raises :class:`~guard.errors.LimitExceeded` (``*_too_long``, ``*_too_large``,
+    ``*_too_deep``, ``*_unsafe``) or :class:`~guard.errors.GuardError` (``*_invalid``).
+    """
+    ctx = _Ctx(limits)
+    so = _get(body, "structured_outputs")
+
+    for value, path in (
+        (body.get("guided_choice"), ("guided_choice",)),
+        (_get(so, "choice"), ("structured_outputs", "choice")),
+    ):
+        if value is not None:
+            _check_choice(ctx, value, path)
+
+    grammar = body.get("grammar")
+    if isinstance(grammar, Mapping):  # TGI: {"type": "json" | "regex", "value": ...}
+        kind = grammar.get("type")
+        if kind == "regex":
+            _check_regex(ctx, grammar.get("value"), ("grammar", "value"))
+        elif grammar.get("value") is not None:
+            _check_schema(ctx, grammar.get("value"), ("grammar", "value"))
+    elif grammar is not None:
+        _check_grammar(ctx, grammar, ("grammar",), gbnf_only=True)
+    for value, path in (
+        (body.get("guided_grammar"), ("guided_grammar",)),
+        (_get(so, "grammar"), ("structured_outputs", "grammar")),
+        (body.get("ebnf"), ("ebnf",)),
+    ):
+        if value is not None:
+            _check_grammar(ctx, value, path, gbnf_only=False)
+
+    for value, path in (
+        (body.get("guided_regex"), ("guided_regex",)),
+        (_get(so, "regex"), ("structured_outputs", "regex")),
+        (body.get("regex"), ("regex",)),
+        (body.get("guided_whitespace_pattern"), ("guided_whitespace_pattern",)),
+        (_get(so, "whitespace_pattern"), ("structured_outputs", "whitespace_pattern")),
+    ):
+        if value is not None:
+            _check_regex(ctx, value, path)
+
+    response_format = body.get("response_format")
+    if isinstance(response_format, Mapping):
+        json_schema = response_format.get("json_schema")
+        if isinstance(json_schema, Mapping):
+            _check_schema(
+                ctx, json_schema.get("schema"), ("response_format", "json_schema", "schema")
+            )
+        _check_schema(ctx, response_format.get("schema"), ("response_format", "schema"))
+        _check_schema(ctx, response_format.get("value"), ("response_format", "value"))
+        if response_format.get("type") == "structural_tag":
+            _check_structural_tag(
+                ctx,
+                {k: v for k, v in response_format.items() if k != "type"},
+                ("response_format",),
+            )
+    _check_schema(ctx, body.get("guided_json"), ("guided_json",))
+    _check_schema(ctx, _get(so, "json"), ("structured_outputs", "json"))
+    _check_schema(ctx, body.get("json_schema"), ("json_schema",))
+    text_format = _get(_get(body, "text"), "format")
+    if isinstance(text_format, Mapping):
+        _check_schema(ctx, text_format.get("schema"), ("text", "format", "schema"))
+
+    for field in ("tools", "functions"):
+        entries = body.get(field)
+        if not isinstance(entries, list | tuple):
+            continue
+        for i, tool in enumerate(entries):
+            if not isinstance(tool, Mapping):
+                continue
+            function = tool.get("function")
+            if isinstance(function, Mapping):
+                _check_schema(ctx, function.get("parameters"), (field, i, "function", "parameters"))
+            _check_schema(ctx, tool.get("parameters"), (field, i, "parameters"))
+            fmt = tool.get("format")
+            if isinstance(fmt, Mapping) and fmt.get("type") == "grammar":
+                definition = fmt.get("definition")
+                at: _Path = (field, i, "format", "definition")
+                if fmt.get("syntax") == "regex":
+                    _check_regex(ctx, definition, at)
+                else:
+                    _check_grammar(ctx, definition, at, gbnf_only=False)
+
+    _check_structural_tag(ctx, body.get("structural_tag"), ("structural_tag",))
+    _check_structural_tag(ctx, _get(so, "structural_tag"), ("structured_outputs", "structural_tag"))

@@ -1,0 +1,53 @@
+"""The guard's HTTP layer: request framing under caps, the httptools server protocol, the
+pooled upstream client, SSE relay and client-disconnect hooks.
+"""
+
+from __future__ import annotations
+
+from guard.http._disconnect import (
+    DISCONNECT_EXTENSION,
+    DisconnectHook,
+)
+from guard.http._framing import (
+    ClientDisconnected,
+    FramingLimits,
+    RequestHead,
+    inspect_head,
+    read_body,
+)
+from guard.http._protocol import (
+    configure,
+    head_refusals,
+)
+from guard.http._sse_relay import (
+    SseRelay,
+    error_event,
+)
+from guard.http._upstream import (
+    HOP_BY_HOP,
+    Upstream,
+    UpstreamConfig,
+    UpstreamError,
+    UpstreamResponse,
+    response_headers,
+)
+
+__all__ = [
+    "DISCONNECT_EXTENSION",
+    "HOP_BY_HOP",
+    "ClientDisconnected",
+    "DisconnectHook",
+    "FramingLimits",
+    "RequestHead",
+    "SseRelay",
+    "Upstream",
+    "UpstreamConfig",
+    "UpstreamError",
+    "UpstreamResponse",
+    "configure",
+    "error_event",
+    "head_refusals",
+    "inspect_head",
+    "read_body",
+    "response_headers",
+]

@@ -1,0 +1,81 @@
+"""The guard's policy: what it accepts, loaded from YAML, overridable from the environment.
+
+``load_policy(path)`` reads a YAML file (or nothing: the defaults), applies ``SCHEDGUARD_*``
+environment variables, and validates everything at once, raising one :class:`PolicyError` that
+names every bad field (``limits.tokens.max_prompt_tokens: must be > 0``). The result is an
+immutable :class:`Policy`; ``policy_to_yaml(policy)`` prints it back (``schedguard policy
+show``), with API keys shown only as SHA-256 digests.
+
+Environment overrides: ``SCHEDGUARD_`` + the field's path in upper or lower case, segments joined
+by ``__``; the value is parsed as YAML, so ``4096``, ``true``, ``null`` and ``[a, b]`` are
+typed::
+
+    SCHEDGUARD_LIMITS__TOKENS__MAX_PROMPT_TOKENS=4096
+    SCHEDGUARD_ROUTES='["/v1/responses", "/tokenize"]'
+    SCHEDGUARD_KEYS='[{key_sha256: 9f86d0..., tenant: team-a}]'
+
+Every field is documented in docs/POLICY.md (generated from the field descriptions by
+``python -m guard.policy --markdown``).
+"""
+
+from guard.policy._load import (
+    ENV_PREFIX,
+    ENV_SEPARATOR,
+    PolicyError,
+    default_policy,
+    load_policy,
+    policy_from_yaml,
+    policy_to_yaml,
+)
+from guard.policy._models import (
+    ANONYMOUS_TENANT,
+    BASE_ROUTES,
+    CHECK_NAMES,
+    BodyLimits,
+    ChatTemplatePolicy,
+    FanoutPolicy,
+    GuidedPolicy,
+    JsonPolicy,
+    KeyEntry,
+    LimitsPolicy,
+    MultimodalPolicy,
+    ObservabilityPolicy,
+    Policy,
+    RateOverrides,
+    RatePolicy,
+    SchemaPolicy,
+    TemplatesPolicy,
+    TokensPolicy,
+    UpstreamPolicy,
+    key_digest,
+)
+
+__all__ = [
+    "ANONYMOUS_TENANT",
+    "BASE_ROUTES",
+    "CHECK_NAMES",
+    "ENV_PREFIX",
+    "ENV_SEPARATOR",
+    "BodyLimits",
+    "ChatTemplatePolicy",
+    "FanoutPolicy",
+    "GuidedPolicy",
+    "JsonPolicy",
+    "KeyEntry",
+    "LimitsPolicy",
+    "MultimodalPolicy",
+    "ObservabilityPolicy",
+    "Policy",
+    "PolicyError",
+    "RateOverrides",
+    "RatePolicy",
+    "SchemaPolicy",
+    "TemplatesPolicy",
+    "TokensPolicy",
+    "UpstreamPolicy",
+    "default_policy",
+    "key_digest",
+    "load_policy",
+    "policy_from_yaml",
+    "policy_to_yaml",
+]
