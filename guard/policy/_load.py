@@ -7,14 +7,17 @@ for a value from the environment, the variable that set it.
 
 from __future__ import annotations
 
+import difflib
 import os
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from guard.policy._models import Policy, model_dump_for
@@ -177,6 +180,47 @@ def _message(error: ErrorDetails) -> str:
     return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class an annotation holds (``X``, ``X | None``, ``tuple[X, ...]``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (
+        typing.Union,
+        types.UnionType,
+        tuple,
+        list,
+        typing.Annotated,
+    ):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
+    """The field names (as written in YAML) of the section at ``loc``; [] when not a section."""
+    model: type[BaseModel] | None = Policy
+    for part in loc:
+        if model is None:
+            return []
+        if isinstance(part, int):
+            continue  # an index into a list of sections
+        field = next((f for name, f in model.model_fields.items() if part in (name, f.alias)), None)
+        model = _model_in(field.annotation) if field is not None else None
+    if model is None:
+        return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def suggest_field(loc: tuple[str | int, ...]) -> str | None:
+    """The known field closest to the unknown one at ``loc`` (a misspelling), or None."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    close = difflib.get_close_matches(loc[-1].lower(), _fields_at(loc[:-1]), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def validation_problems(exc: ValidationError, origins: Mapping[str, str]) -> list[str]:
     problems = []
     for error in exc.errors(include_url=False):
@@ -193,6 +237,9 @@ def validation_problems(exc: ValidationError, origins: Mapping[str, str]) -> lis
             ):
                 line += f" (from {var})"
                 break
+        suggestion = suggest_field(loc) if error["type"] == "extra_forbidden" else None
+        if suggestion is not None:
+            line += f"; did you mean {suggestion}?"
         problems.append(line)
     return problems
 
