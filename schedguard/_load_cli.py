@@ -81,7 +81,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=0.3,
         help="share of the traffic that attacks: attackers are added beside the benign users",
     )
-    p.add_argument("--upstream-profile", choices=("vulnerable", "hardened"), default="vulnerable")
+    p.add_argument(
+        "--upstream-profile",
+        choices=("vulnerable", "hardened"),
+        default="vulnerable",
+        help="limits profile of the reference scheduler started as the upstream",
+    )
     p.add_argument("--out", default="out/load", help="directory for the reports")
     p.add_argument("--host", help="target this running guard (or server) instead")
     p.add_argument(
@@ -89,11 +94,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--ui", action="store_true", help="locust's web UI with the schedguard tab")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--shape", choices=("steady", "ramp", "spike", "burst"), default="steady")
+    p.add_argument(
+        "--shape",
+        choices=("steady", "ramp", "spike", "burst"),
+        default="steady",
+        help="how the user count changes over the run (loadtests/README.md)",
+    )
     p.add_argument("--user-rps", type=_positive, default=0.5, help="requests/s per user")
     p.add_argument("--processes", type=int, default=0, help="locust worker processes (0: one)")
-    p.add_argument("--policy", help="guard policy (default: loadtests/policy.yaml)")
-    p.add_argument("--upstream-cost", choices=sorted(COSTS), default="gpu")
+    p.add_argument("--policy", help="guard policy file; without it loadtests/policy.yaml")
+    p.add_argument(
+        "--upstream-cost",
+        choices=sorted(COSTS),
+        default="gpu",
+        help="simulated step cost of the upstream: 'gpu' sleeps a GPU's step time, 'none' not",
+    )
     p.add_argument("--upstream-mem-limit-mb", type=_count, default=1024, help="RLIMIT_AS")
     p.add_argument("--guard-mem-limit-mb", type=_count, default=2048, help="RLIMIT_AS")
     p.add_argument("--baseline", help="slo.json of an earlier run: gate the benign p99 ratio")
@@ -102,7 +117,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--max-guard-rss-mb", type=_positive, help="guard peak RSS SLO")
     p.add_argument("--max-upstream-rss-mb", type=_positive, help="upstream peak RSS SLO")
     p.add_argument("--max-rss-slope", type=_positive, help="RSS slope SLO, MB/min (soaks)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the prompts and the attack order (reproducible runs)",
+    )
     p.add_argument("--web-port", type=int, default=8089, help="web UI port with --ui")
     p.add_argument(
         "--ui-linger",
@@ -126,7 +146,9 @@ def split_users(benign: int, attack_share: float) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class Target:
+class LoadEndpoints:
+    """Where the load goes (``host``) and the servers behind it, for locust's samplers."""
+
     host: str
     guard_url: str | None
     upstream_url: str | None
@@ -134,7 +156,7 @@ class Target:
     upstream_pid: int | None
 
 
-def locust_argv(args: argparse.Namespace, target: Target, out: Path) -> list[str]:
+def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> list[str]:
     """The locust command line for ``args`` against ``target``."""
     import loadtests
 
@@ -252,12 +274,12 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _start_servers(args: argparse.Namespace, servers: list[Any]) -> Target:
+def _start_servers(args: argparse.Namespace, servers: list[Any]) -> LoadEndpoints:
     from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard_argv
 
     if args.host:
         host = args.host.rstrip("/")
-        return Target(host, host, None, None, None)
+        return LoadEndpoints(host, host, None, None, None)
     bind = "127.0.0.1"
     ports = {"upstream": free_port(bind), "guard": free_port(bind)}
     upstream_spec = ServerSpec(
@@ -287,7 +309,7 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> Target:
     servers.append(upstream)
     upstream.wait_ready(_START_TIMEOUT_S)
     if args.no_guard:
-        return Target(upstream.url, None, upstream.url, None, upstream.proc.pid)
+        return LoadEndpoints(upstream.url, None, upstream.url, None, upstream.proc.pid)
     import loadtests
 
     policy = args.policy or str(Path(loadtests.__file__).with_name("policy.yaml"))
@@ -317,7 +339,7 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> Target:
     )
     servers.append(guard)
     guard.wait_ready(_START_TIMEOUT_S)
-    return Target(guard.url, guard.url, upstream.url, guard.proc.pid, upstream.proc.pid)
+    return LoadEndpoints(guard.url, guard.url, upstream.url, guard.proc.pid, upstream.proc.pid)
 
 
 def _run_locust(cmd: Sequence[str], out: Path, timeout_s: float | None) -> int:

@@ -453,7 +453,7 @@ def test_locust_command_line() -> None:
             "40",
         ]
     )
-    target = _load_cli.Target("http://g", "http://g", "http://u", 11, 22)
+    target = _load_cli.LoadEndpoints("http://g", "http://g", "http://u", 11, 22)
     cmd = _load_cli.locust_argv(args, target, Path("out"))
     joined = " ".join(cmd)
     assert cmd[1:3] == ["-m", "locust"] and "--headless" in cmd
