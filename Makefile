@@ -61,3 +61,11 @@ load-soak: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Real LLM servers (vLLM, llama-cpp-python) with tiny local models, set up once into
+# ${SCHEDGUARD_UPSTREAMS_DIR:-~/.cache/schedguard/upstreams} (~10 min the first time, then a
+# no-op), then the end-to-end tests against them (scripts/upstreams/README.md).
+.PHONY: e2e
+e2e: $(STAMP)
+	$(PYTHON) scripts/upstreams/upstreams.py setup all
+	SCHEDGUARD_E2E=1 $(BIN)/python -m pytest -q tests/e2e
