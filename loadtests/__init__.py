@@ -9,7 +9,9 @@ gevent, so tests and the ``schedguard`` command can use it without monkey-patchi
 - :mod:`loadtests.httpclient`: a small HTTP/1.1 client (keep-alive, SSE timing, raw framing);
 - :mod:`loadtests.shapes`: load shapes (steady, ramp, spike, attack burst);
 - :mod:`loadtests.monitor`: RSS of the guard and the upstream, the guard's ``/metrics``;
-- :mod:`loadtests.slo`: the SLO gate and its table.
+- :mod:`loadtests.slo`: the SLO gate and its table;
+- :mod:`loadtests.timeline`: the run over time (``timeline.json``);
+- :mod:`loadtests.report`: ``report.html``, drawn with :mod:`loadtests.svgchart`.
 
 Nothing imports this package except the locustfile and ``schedguard load``.
 """

@@ -6,8 +6,10 @@ Uses locust's own extension points (``web_ui.template_args`` ``extended_tabs`` /
 ``/stats/requests`` answer the UI polls every two seconds), plus three routes:
 
 - ``GET /schedguard/status``: everything as JSON (monitor snapshot + the SLO report so far);
-- ``GET /schedguard``: a self-contained page charting guard and upstream RSS, with the
-  rejections and the SLO checks (no external assets: it works offline);
+- ``GET /schedguard``: a self-contained page charting guard and upstream RSS over time, with
+  the rejections and the SLO checks (no external assets: it works offline);
+- ``GET /schedguard/memory.svg``: that chart alone (:func:`memory_svg`, drawn by
+  :mod:`loadtests.svgchart` with a time axis; the page reloads it every two seconds);
 - ``GET /schedguard/rejections.csv``: rejections by code.
 """
 
@@ -21,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Response, jsonify, request
 
+from loadtests.svgchart import HLine, Line, line_chart
+
 if TYPE_CHECKING:  # importing locust monkey-patches the process with gevent
     from locust.env import Environment
 
-__all__ = ["TAB_KEY", "install", "table_rows"]
+__all__ = ["TAB_KEY", "install", "memory_svg", "page", "table_rows"]
 
 TAB_KEY = "schedguard"
 StatusFn = Callable[[], dict[str, Any]]
@@ -70,6 +74,45 @@ def table_rows(status: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+_RSS_COLOURS = {"guard": "#2b6cb0", "upstream": "#dd6b20"}
+
+
+def memory_svg(status: dict[str, Any]) -> str:
+    """Guard and upstream RSS over the seconds since the monitor started, with the peak RSS
+    SLOs when they are in range of the data."""
+    lines = []
+    top = 0.0
+    for name, colour in _RSS_COLOURS.items():
+        points = [(float(t), float(v)) for t, v in (status.get(name) or {}).get("series") or []]
+        if points:
+            lines.append(Line(f"{name} RSS", colour, points))
+            top = max(top, *(v for _, v in points))
+    hlines = []
+    thresholds = (status.get("slo") or {}).get("thresholds") or {}
+    for name, colour in _RSS_COLOURS.items():
+        limit = thresholds.get(f"max_{name}_rss_mb")
+        if limit is not None and (status.get(name) or {}).get("series") and limit <= 2 * top:
+            hlines.append(HLine(f"{name} SLO {float(limit):,.0f} MB", colour, float(limit)))
+    x_max = max([p[0] for line in lines for p in line.points] or [1.0])
+    return line_chart(
+        "memory",
+        "guard and upstream RSS (MB) over time",
+        lines=lines,
+        x_max=max(x_max, 10.0),
+        y_unit="MB",
+        hlines=hlines,
+        width=900,
+        height=280,
+        empty_text="no RSS samples yet (the servers' pids are unknown with --host)",
+        x_label="time since the monitor started",
+    )
+
+
+def page(status: dict[str, Any]) -> str:
+    """The ``/schedguard`` page, with the memory chart as of ``status``."""
+    return _PAGE.replace("<!--memory-->", memory_svg(status))
+
+
 def install(environment: Environment, status: StatusFn) -> None:
     """Add the tab, the routes and the stats hook to ``environment.web_ui``."""
     web_ui = environment.web_ui
@@ -109,9 +152,13 @@ def install(environment: Environment, status: StatusFn) -> None:
             headers={"Content-Disposition": "attachment;filename=schedguard_rejections.csv"},
         )
 
+    @app.route("/schedguard/memory.svg")
+    def _memory_svg() -> Response:
+        return Response(memory_svg(status()), mimetype="image/svg+xml")
+
     @app.route("/schedguard")
     def _page() -> Response:
-        return Response(_PAGE, mimetype="text/html")
+        return Response(page(status()), mimetype="text/html")
 
 
 _PAGE = """<!doctype html>
@@ -119,32 +166,21 @@ _PAGE = """<!doctype html>
 <style>
 body{font:14px system-ui,sans-serif;margin:24px;color:#222}
 table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #ccc;padding:4px 8px}
-.PASS{color:#070}.FAIL{color:#b00}.SKIP{color:#888}svg{border:1px solid #ccc}
+.PASS{color:#070}.FAIL{color:#b00}.SKIP{color:#888}#mem svg{border:1px solid #ccc;max-width:100%}
 </style></head><body>
 <h2>schedguard load test <span id="verdict"></span></h2>
 <p><a href="./">locust UI</a> &middot; <a href="./schedguard/status">JSON</a></p>
-<h3>Memory (MB)</h3>
-<svg id="mem" width="720" height="220"></svg>
-<p><span style="color:#06c">&#9632; guard</span> <span style="color:#c60">&#9632; upstream</span>
- <span id="now"></span></p>
+<h3>Memory (MB) over time</h3>
+<div id="mem"><!--memory--></div>
+<p><span style="color:#2b6cb0">&#9632; guard</span> <span style="color:#dd6b20">&#9632; upstream</span>
+ (dashed: peak RSS SLO) <span id="now"></span></p>
 <h3>SLO checks</h3><table id="checks"></table>
 <h3>Guard rejections by code</h3><table id="codes"></table>
 <script>
-function line(points, color, maxT, maxY) {
-  if (!points.length) return "";
-  const p = points.map(([t, y]) =>
-    (40 + 670 * t / maxT).toFixed(1) + "," + (200 - 180 * y / maxY).toFixed(1)).join(" ");
-  return '<polyline fill="none" stroke="' + color + '" stroke-width="2" points="' + p + '"/>';
-}
 function esc(s) { return String(s).replace(/[&<>]/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;"})[c]); }
 async function refresh() {
   const s = await (await fetch("./schedguard/status")).json();
-  const g = (s.guard && s.guard.series) || [], u = (s.upstream && s.upstream.series) || [];
-  const all = g.concat(u);
-  const maxT = Math.max(1, ...all.map(p => p[0])), maxY = Math.max(1, ...all.map(p => p[1])) * 1.1;
-  document.getElementById("mem").innerHTML =
-    '<text x="4" y="24">' + maxY.toFixed(0) + '</text><text x="4" y="200">0</text>' +
-    line(g, "#06c", maxT, maxY) + line(u, "#c60", maxT, maxY);
+  document.getElementById("mem").innerHTML = await (await fetch("./schedguard/memory.svg")).text();
   document.getElementById("now").textContent = " now: guard " + (s.guard && s.guard.rss_mb) +
     " MB (peak " + (s.guard && s.guard.peak_rss_mb) + "), upstream " +
     (s.upstream && s.upstream.rss_mb) + " MB (peak " + (s.upstream && s.upstream.peak_rss_mb) + ")";

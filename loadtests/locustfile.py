@@ -36,9 +36,10 @@ import gevent.pool
 from locust import LoadTestShape, User, constant_throughput, events, task
 from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
-from locust.runners import WorkerRunner
+from locust.runners import MasterRunner, WorkerRunner
 
 from loadtests import dashboard, slo
+from loadtests import timeline as tl
 from loadtests.httpclient import KeepAlive, Response, send_raw
 from loadtests.monitor import Monitor
 from loadtests.prompts import BenignMix, make_request
@@ -50,6 +51,10 @@ _ids = itertools.count()
 # flood outcomes); workers send theirs to the master with each stats report.
 _tally: collections.Counter[str] = collections.Counter()
 _TALLY_KEY = "schedguard_tally"
+# The run over time (loadtests.timeline): filled where the users run, merged on the master.
+_timeline = tl.Timeline()
+_TIMELINE_KEY = "schedguard_timeline"
+_run_window: dict[str, float] = {}  # "start" and "stop" (epoch) of the test, on the master
 _attacks: RoundRobin | None = None
 _lookalikes: list[Replay] | None = None
 _monitor: Monitor | None = None
@@ -136,6 +141,11 @@ def _arguments(parser: LocustArgumentParser) -> None:
         "--slo-skip-upstream-check", action="store_true", help="do not require a live upstream"
     )
     s.add_argument("--slo-json", default="", help="write the SLO report here")
+    s.add_argument(
+        "--timeline-json",
+        default="",
+        help="write the run over time here (latency, attack answers, RSS, rejections by code)",
+    )
 
 
 def _thresholds(opts: Any) -> slo.Thresholds:
@@ -332,6 +342,7 @@ class AttackUser(User):
             return
         resp = self._send(replay)
         _tally[f"attack {resp.status or resp.error} {resp.code or '-'}"] += 1
+        _timeline.outcome(time.time(), tl.outcome_label(resp.status, resp.code, resp.error))
         failure = None
         if not _rejected(resp.status):
             what = f"served {resp.status}" if resp.status else (resp.error or "no response")
@@ -346,6 +357,7 @@ class AttackUser(User):
         burst = max(1, int(self.opts.flood_burst))
         hold = self.opts.flood_hold_s
         pool = gevent.pool.Pool(burst)
+        started = time.time()
         start = time.perf_counter()
         results: list[Response] = list(
             pool.imap_unordered(lambda _: self._send(replay, hold), range(burst))
@@ -357,6 +369,13 @@ class AttackUser(User):
         _tally[f"flood {replay.id} refused"] += len(refused)
         for r in refused:
             _tally[f"attack {r.status} {r.code or '-'}"] += 1
+        for r in results:
+            when = started + r.elapsed_s
+            if 200 <= r.status < 300:
+                # A flood's requests are valid one by one: the first are served.
+                _timeline.outcome(when, tl.FLOOD_SERVED)
+            else:
+                _timeline.outcome(when, tl.outcome_label(r.status, r.code, r.error))
         failure = (
             None if refused else f"{replay.id}: flood of {burst} not refused ({admitted} served)"
         )
@@ -406,11 +425,27 @@ def _on_init(environment: Environment, **_: Any) -> None:
     gevent.spawn(_sample_forever, environment, _monitor)
 
 
+_USER_CLASSES = {"BenignUser": BENIGN, "AttackUser": ATTACK}
+
+
+def _users_by_class(environment: Environment) -> dict[str, int]:
+    runner = environment.runner
+    if runner is None:
+        return {}
+    if isinstance(runner, MasterRunner):
+        counts = dict(runner.reported_user_classes_count)
+    else:
+        counts = dict(runner.user_classes_count)
+    return {_USER_CLASSES.get(k, k): v for k, v in counts.items()}
+
+
 def _sample_forever(environment: Environment, monitor: Monitor) -> None:
     interval = max(0.1, float(_options(environment).sample_interval_s))
     n = 0
     while True:
         try:
+            if "start" in _run_window and "stop" not in _run_window:
+                _timeline.sample_users(time.time(), _users_by_class(environment))
             monitor.sample()
             if n % 2 == 0:
                 monitor.scrape()
@@ -420,15 +455,38 @@ def _sample_forever(environment: Environment, monitor: Monitor) -> None:
         gevent.sleep(interval)
 
 
+@_on(events.request)
+def _on_request(
+    request_type: str, response_time: float, exception: BaseException | None, **_: Any
+) -> None:
+    if request_type in tl.KINDS:
+        _timeline.request(time.time(), request_type, response_time or 0.0, exception is not None)
+
+
+@_on(events.test_start)
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    if not isinstance(environment.runner, WorkerRunner):
+        _run_window.clear()
+        _run_window["start"] = time.time()
+
+
+@_on(events.test_stop)
+def _on_test_stop(environment: Environment, **_: Any) -> None:
+    if not isinstance(environment.runner, WorkerRunner):
+        _run_window.setdefault("stop", time.time())
+
+
 @_on(events.report_to_master)
 def _report_tally(client_id: str, data: dict[str, Any]) -> None:
     data[_TALLY_KEY] = dict(_tally)
     _tally.clear()
+    data[_TIMELINE_KEY] = _timeline.drain()
 
 
 @_on(events.worker_report)
 def _merge_tally(client_id: str, data: dict[str, Any]) -> None:
     _tally.update(data.get(_TALLY_KEY) or {})
+    _timeline.merge(data.get(_TIMELINE_KEY) or {})
 
 
 def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
@@ -489,6 +547,28 @@ def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
     return data
 
 
+def _timeline_data(monitor: Monitor | None) -> dict[str, Any]:
+    now = time.time()
+    t0 = _run_window.get("start") or (monitor.started_wall if monitor else now)
+    rss: dict[str, list[tuple[float, int]]] = {}
+    rejections: list[tuple[float, dict[str, float]]] = []
+    died: dict[str, float] = {}
+    if monitor is not None:
+        for w in (monitor.guard, monitor.upstream):
+            rss[w.name] = [(monitor.wall(t), b) for t, b in w.series]
+            if w.died_at is not None:
+                died[w.name] = monitor.wall(w.died_at)
+        rejections = [(monitor.wall(t), c) for t, c in monitor.rejection_series]
+    return tl.build(
+        _timeline,
+        t0=t0,
+        end=_run_window.get("stop", now),
+        rss=rss,
+        rejections=rejections,
+        died=died,
+    )
+
+
 def _live_status(environment: Environment) -> dict[str, Any]:
     monitor = _monitor
     report = slo.evaluate(collect(environment, monitor), _thresholds(_options(environment)))
@@ -513,6 +593,8 @@ def _gate(environment: Environment, **_: Any) -> None:
     print("\n" + slo.render_table(report), flush=True)
     if opts.slo_json:
         report.write_json(opts.slo_json)
+    if opts.timeline_json:
+        tl.write(opts.timeline_json, _timeline_data(monitor))
     environment.process_exit_code = 0 if report.passed else 1
     if monitor is not None:
         monitor.close()

@@ -1,6 +1,7 @@
 """Watch the guard and the upstream during a run: RSS (psutil, with the kernel's high-water
-mark so short peaks are not missed), liveness, and the guard's ``/metrics`` (rejections by
-code, requests in flight).
+mark so short peaks are not missed) over time, liveness, and the guard's ``/metrics``
+(rejections by code, requests in flight; the rejection counters after each scrape, for the
+report's rejections over time).
 
 Driven by the caller (the locustfile calls :meth:`Monitor.sample` from a greenlet every second
 or so); nothing here starts a thread. Pids are known when ``schedguard load`` started the
@@ -28,6 +29,7 @@ IN_FLIGHT = "schedguard_guard_in_flight_requests"
 # Memory series are thinned to at most this many points (the slope needs the shape, not every
 # sample; a 10-minute soak at 1 Hz is 600).
 _MAX_POINTS = 4000
+_SNAPSHOT_POINTS = 600  # the dashboard's chart
 
 
 @dataclass
@@ -113,10 +115,17 @@ class Monitor:
         self.upstream_health_path = upstream_health_path
         self.metrics = GuardMetricsSnapshot()
         self.metrics_error: str | None = None
+        # The guard's rejection counters after each scrape: (seconds, {code: total}).
+        self.rejection_series: list[tuple[float, dict[str, float]]] = []
         self.started = time.monotonic()
+        self.started_wall = time.time()
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    def wall(self, t: float) -> float:
+        """The epoch time of ``t`` seconds into the monitor's life (the series' time base)."""
+        return self.started_wall + t
 
     def sample(self) -> None:
         t = self.elapsed()
@@ -130,6 +139,9 @@ class Monitor:
             with urllib.request.urlopen(self.guard_url + "/metrics", timeout=timeout_s) as resp:
                 self.metrics = parse_guard_metrics(resp.read().decode("utf-8", "replace"))
                 self.metrics_error = None
+            self.rejection_series.append((self.elapsed(), dict(self.metrics.rejections)))
+            if len(self.rejection_series) > _MAX_POINTS:
+                self.rejection_series = self.rejection_series[::2]
         except (OSError, urllib.error.URLError, ValueError) as exc:
             self.metrics_error = f"{type(exc).__name__}: {exc}"[:200]
         return self.metrics
@@ -167,7 +179,11 @@ class Monitor:
                 "peak_rss_mb": None if w.peak is None else round(w.peak / (1 << 20), 1),
                 "alive": w.alive(),
                 "died_at_s": w.died_at,
-                "series": [(round(t, 1), round(b / (1 << 20), 1)) for t, b in w.series[-300:]],
+                # The whole run, thinned: the chart's time axis starts at 0.
+                "series": [
+                    (round(t, 1), round(b / (1 << 20), 1))
+                    for t, b in w.series[:: max(1, len(w.series) // _SNAPSHOT_POINTS)]
+                ],
             }
         out["rejections"] = dict(sorted(self.metrics.rejections.items(), key=lambda kv: -kv[1]))
         out["in_flight"] = self.metrics.in_flight

@@ -4,9 +4,13 @@ Starts the reference scheduler (``--upstream-profile``, under a memory cap, with
 cost model so that latencies, time to first token and inter-token gaps look like a real
 server's) and the guard in front of it (``loadtests/policy.yaml``), or targets ``--host``; runs
 ``loadtests/locustfile.py`` in a locust subprocess (gevent's monkey-patching stays there);
-writes locust's CSV, HTML and JSON reports and the SLO report to ``--out``; prints the SLO
-table; exits 0 when every SLO holds, 1 when one fails, 2 when the run could not happen.
-``--no-guard`` sends the same traffic straight at the upstream, for the contrast.
+writes locust's CSV, HTML and JSON reports, the SLO report, the run over time
+(``timeline.json``) and ``report.html`` (:mod:`loadtests.report`: SLO verdicts, latency, attack
+share, rejections by code and memory over time) to ``--out``; prints the SLO table; exits 0 when
+every SLO holds, 1 when one fails, 2 when the run could not happen. ``--no-guard`` sends the
+same traffic straight at the upstream, for the contrast; ``--compare DIR`` puts such a run's
+results beside this one's in ``report.html``; ``--report-only`` rewrites ``report.html`` from
+``--out`` without running.
 
 ``python -m schedguard._load_cli upstream ...`` is the upstream it starts: ``schedguard ref``
 plus the cost model (the engine sleeps the simulated step time, as a GPU would take it).
@@ -88,6 +92,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="limits profile of the reference scheduler started as the upstream",
     )
     p.add_argument("--out", default="out/load", help="directory for the reports")
+    p.add_argument(
+        "--compare",
+        metavar="DIR",
+        help=(
+            "an earlier run's --out directory (or its report.json / slo.json), e.g. a "
+            "--no-guard run: report.html shows it beside this run"
+        ),
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="do not run: rewrite report.html from the files in --out (with --compare)",
+    )
     p.add_argument("--host", help="target this running guard (or server) instead")
     p.add_argument(
         "--no-guard", action="store_true", help="send the traffic straight at the upstream"
@@ -179,7 +196,7 @@ def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> l
         "--csv",
         str(out / "locust"),
         "--html",
-        str(out / "report.html"),
+        str(out / "locust_report.html"),  # report.html is ours (loadtests.report)
         "--json-file",
         str(out / "locust"),  # locust adds .json
         "--only-summary",
@@ -197,6 +214,8 @@ def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> l
         str(args.seed),
         "--slo-json",
         str(out / "slo.json"),
+        "--timeline-json",
+        str(out / "timeline.json"),
     ]
     if args.ui:
         cmd += ["--autostart", "--web-host", "127.0.0.1", "--web-port", str(args.web_port)]
@@ -235,6 +254,27 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadtests.report import load_run, write_report
+
+    out = Path(args.out)
+    if args.compare:
+        compare = Path(args.compare)
+        if (compare if compare.is_dir() else compare.parent).resolve() == out.resolve():
+            _err("--compare names --out itself: give the other run's directory")
+            return 2
+        try:
+            load_run(compare)
+        except (OSError, ValueError) as exc:
+            _err(f"--compare: {exc}")
+            return 2
+    if args.report_only:
+        try:
+            path = write_report(out, args.compare)
+        except (OSError, ValueError) as exc:
+            _err(f"--report-only: {exc}")
+            return 2
+        print(path)
+        return 0
     if importlib.util.find_spec("locust") is None:
         _err("locust is not installed: pip install 'schedguard[load]'")
         return 2
@@ -243,9 +283,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from schedguard._servers import RunningServer, ServerStartError
 
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("slo.json", "report.json"):
+    for stale in ("slo.json", "report.json", "timeline.json", "report.html", "locust_report.html"):
         with contextlib.suppress(FileNotFoundError):
             (out / stale).unlink()
     servers: list[RunningServer] = []
@@ -389,6 +428,7 @@ def _servers_info(servers: Sequence[Any]) -> dict[str, Any]:
 
 
 def _finish(args: argparse.Namespace, out: Path, servers: Sequence[Any], code: int) -> int:
+    from loadtests.report import write_report
     from loadtests.slo import Report, render_table
 
     slo_path = out / "slo.json"
@@ -411,19 +451,28 @@ def _finish(args: argparse.Namespace, out: Path, servers: Sequence[Any], code: i
         "files": {
             "slo": str(slo_path),
             "html": str(out / "report.html"),
+            "locust_html": str(out / "locust_report.html"),
+            "timeline": str(out / "timeline.json"),
             "csv": str(out / "locust_stats.csv"),
             "locust_json": str(out / "locust.json"),
             "log": str(out / "locust.log"),
         },
     }
     (out / "report.json").write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
+    try:
+        write_report(out, args.compare)
+    except (OSError, ValueError) as exc:  # the gate's verdict stands; say what is missing
+        _err(f"could not write report.html: {exc}")
     if args.json:
         sys.stdout.write(json.dumps(full, indent=2, sort_keys=True) + "\n")
     else:
         print(render_table(report))
         for name, s in servers_info.items():
             print(f"{name}: {s['url']} pid {s['pid']}, peak RSS {s['peak_rss_mb']} MB, {s['exit']}")
-        print(f"reports: {out}/ (report.html, locust_stats.csv, locust.json, slo.json)")
+        print(
+            f"reports: {out}/ (report.html, slo.json, timeline.json, locust_report.html, "
+            "locust_stats.csv, locust.json)"
+        )
     sys.stdout.flush()
     if code not in (0, 1):
         _err(f"locust exited {code}; see {out / 'locust.log'}")

@@ -21,7 +21,9 @@ import psutil
 import pytest
 
 import loadtests
+from loadtests import report as load_report
 from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard_argv
+from tests import _chromium
 
 LOCUSTFILE = str(Path(loadtests.__file__).with_name("locustfile.py"))
 POLICY = str(Path(loadtests.__file__).with_name("policy.yaml"))
@@ -132,8 +134,27 @@ def test_schedguard_load_runs_gates_and_reports(tmp_path: Path) -> None:
     assert n["guard_rejections_by_code"]  # scraped from the guard's /metrics
     assert n["guard_peak_rss_mb"] > 0 and n["upstream_peak_rss_mb"] > 0
     assert n["ttft_p99_ms"] is not None  # streams were timed
-    for name in ("report.html", "locust_stats.csv", "locust.json", "slo.json", "report.json"):
+    for name in (
+        "report.html",
+        "locust_report.html",
+        "timeline.json",
+        "locust_stats.csv",
+        "locust.json",
+        "slo.json",
+        "report.json",
+    ):
         assert (out / name).stat().st_size > 0, name
+    # report.html is ours: every SLO and chart, drawn from this run's timeline.
+    html = (out / "report.html").read_text()
+    for check in report["checks"]:
+        assert f'data-slo="{check["name"]}"' in html
+    for chart in load_report.CHARTS:
+        assert f'<svg id="{chart}"' in html
+    assert "no timeline.json" not in html and "<script" not in html
+    timeline = json.loads((out / "timeline.json").read_text())
+    kinds = {key for bucket in timeline["buckets"].values() for key in bucket}
+    assert {"lat BENIGN", "req ATTACK", "outcome"} <= kinds
+    assert timeline["rss_mb"]["guard"] and timeline["guard_rejections"][-1][1]
     assert {s["exit"] for s in report["servers"].values()} == {"running"}
     deadline = time.monotonic() + 5
     while not all(_gone(s["pid"]) for s in report["servers"].values()):
@@ -205,6 +226,8 @@ def test_distributed_master_two_workers_with_dashboard(
             str(upstream.proc.pid),
             "--slo-json",
             str(slo_json),
+            "--timeline-json",
+            str(tmp_path / "timeline.json"),
             "--only-summary",
         ],
         stdout=subprocess.PIPE,
@@ -253,7 +276,13 @@ def test_distributed_master_two_workers_with_dashboard(
             assert status["upstream"]["alive"] is True and "slo" in status
             index = client.get(base + "/").text
             assert '"extended_tabs": [{"key": "schedguard"' in index
-            assert "<svg" in client.get(base + "/schedguard").text
+            page = client.get(base + "/schedguard").text
+            assert '<svg id="memory"' in page and "time since the monitor started" in page
+            if _chromium.chromium() is not None:
+                # The page's script ran in a browser: it filled the tables and the chart.
+                dom, console = _chromium.dump_dom(base + "/schedguard", budget_ms=4000)
+                assert not [m for m in console if "Uncaught" in m or "error" in m.lower()]
+                assert "<td>guard peak RSS</td>" in dom and '<svg id="memory"' in dom
         output, _ = master.communicate(timeout=60)
     finally:
         for p in (master, *workers):
@@ -267,4 +296,8 @@ def test_distributed_master_two_workers_with_dashboard(
     assert n["benign_requests"] > 0 and n["attack_requests"] > 0
     assert n["attack_rejected"] == n["attack_requests"]
     assert n["client_codes"]  # the workers' tallies reached the master
+    timeline = json.loads((tmp_path / "timeline.json").read_text())  # and their timelines
+    benign = sum(sum(b.get("req BENIGN", {}).values()) for b in timeline["buckets"].values())
+    assert benign == n["benign_requests"]
+    assert any(counts.get("benign") for _, counts in timeline["users"])
     assert all(w.returncode == 0 for w in workers)

@@ -1,0 +1,341 @@
+"""report.html (loadtests/report.py): one self-contained file with the SLO verdicts and the run
+over time, alone or beside a ``--no-guard`` run, checked as HTML and in headless Chromium.
+
+The fixtures in tests/data/load_report/ are two real runs of ``schedguard load`` (see the README
+there): the guard in front of the vulnerable reference scheduler, and the same traffic with
+``--no-guard``, where the upstream dies of memory 15 s in. Nothing here imports locust.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtests import dashboard, report, svgchart, timeline
+from schedguard import _load_cli
+from schedguard.cli import build_parser
+from tests import _chromium
+
+DATA = Path(__file__).parent / "data" / "load_report"
+GUARD, NO_GUARD = DATA / "guard", DATA / "no-guard"
+
+
+# ------------------------------------------------------------------------------ parsing
+
+
+class _Page(HTMLParser):
+    """What the tests look for: SLO rows, charts and their drawn shapes, resources loaded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slo_rows: list[str] = []
+        self.charts: dict[str, dict[str, int]] = {}
+        self.empty_charts: set[str] = set()
+        self.scripts = 0
+        self.resources: list[str] = []  # src= / external href= / url( in styles
+        self.styles = ""
+        self.verdict = ""
+        self._chart: str | None = None
+        self._in_style = self._in_verdict = self._in_empty = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "tr" and a.get("data-slo"):
+            self.slo_rows.append(a["data-slo"] or "")
+        if tag == "svg" and "chart" in (a.get("class") or "").split():
+            self._chart = a.get("id") or ""
+            self.charts[self._chart] = {}
+        elif self._chart is not None:
+            self.charts[self._chart][tag] = self.charts[self._chart].get(tag, 0) + 1
+            if tag == "text" and a.get("class") == "empty":
+                self._in_empty = True
+        if tag == "script":
+            self.scripts += 1
+        if a.get("src"):
+            self.resources.append(a["src"] or "")
+        if tag == "link" or (a.get("href") or "").startswith(("http:", "https:", "//")):
+            self.resources.append(a.get("href") or tag)
+        if tag == "style":
+            self._in_style = True
+        if a.get("id") == "verdict":
+            self._in_verdict = True
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "svg":
+            self._chart = None
+        self._in_style = self._in_verdict = self._in_empty = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_style:
+            self.styles += data
+        if self._in_verdict:
+            self.verdict += data
+        if self._in_empty and self._chart is not None:
+            self.empty_charts.add(self._chart)
+
+
+def _parse(text: str) -> _Page:
+    page = _Page()
+    page.feed(text)
+    page.close()
+    return page
+
+
+def _assert_self_contained(page: _Page) -> None:
+    assert page.scripts == 0  # the charts are drawn in Python: nothing to run
+    assert page.resources == []
+    assert "url(" not in page.styles and "@import" not in page.styles
+
+
+def _svg_of(text: str, chart_id: str) -> str:
+    start = text.index(f'<svg id="{chart_id}"')
+    return text[start : text.index("</svg>", start)]
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ------------------------------------------------------------------------------ timeline
+
+
+def test_timeline_buckets_merge_and_build() -> None:
+    worker, master = timeline.Timeline(), timeline.Timeline()
+    worker.request(1000.2, "BENIGN", 730.0, failed=False)
+    worker.request(1000.7, "BENIGN", 12.0, failed=True)  # counted, not a latency
+    worker.outcome(1001.5, timeline.outcome_label(429, "rate_limited_tokens"))
+    worker.outcome(1001.6, timeline.outcome_label(0, None, "timeout"))
+    sent = json.loads(json.dumps(worker.drain()))  # as it travels to the master
+    assert worker.buckets == {}
+    master.merge(sent)
+    master.request(1000.9, "BENIGN", 1234.0, failed=False)
+    master.sample_users(1000.5, {"benign": 3, "attack": 1})
+    data = timeline.build(
+        master,
+        t0=1000.0,
+        end=1002.5,
+        rss={"guard": [(1000.5, 100 << 20)]},
+        rejections=[(1000.0, {}), (1002.0, {"rate_limited_tokens": 1.0})],
+        died={"upstream": 1002.0},
+    )
+    assert data["duration_s"] == 2.5
+    assert data["buckets"]["0"]["lat BENIGN"] == {"730": 1, "1200": 1}
+    assert data["buckets"]["0"]["req BENIGN"] == {"ok": 2, "fail": 1}
+    assert data["buckets"]["1"]["outcome"] == {
+        "429 rate_limited_tokens": 1,
+        "no answer: timeout": 1,
+    }
+    assert data["rss_mb"] == {"guard": [[0.5, 100.0]]}
+    assert data["guard_rejections"][1] == [2.0, {"rate_limited_tokens": 1.0}]
+    assert data["users"] == [[0.5, {"benign": 3, "attack": 1}]]
+    assert data["died_s"] == {"upstream": 2.0}
+    assert timeline.bucket_ms(1234.0) == 1200 and timeline.bucket_ms(47.4) == 47
+
+
+def test_rejection_rates_count_each_increase_at_the_scrape_that_saw_it() -> None:
+    samples = [[-1.0, {}], [4.0, {"a": 5.0}], [6.0, {"a": 5.0, "b": 10.0}], [31.0, {"a": 7.0}]]
+    rates = report._rates_from_counters(samples, width=5.0, n_bars=6)
+    assert rates["a"] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.4]  # 5 in bar 0; 2 seen past the end
+    assert rates["b"] == [0.0, 2.0, 0.0, 0.0, 0.0, 0.0]
+
+
+# ------------------------------------------------------------------------------ series
+
+
+def test_series_of_the_recorded_runs() -> None:
+    guard = report.series(report.load_run(GUARD))
+    bare = report.series(report.load_run(NO_GUARD))
+    assert 29 <= guard.duration <= 33 and guard.has_timeline
+    # The burst shape: attackers only between 30% and 70% of the run.
+    shares = {t: v for t, v in guard.attack_share if v is not None}
+    assert max(v for t, v in shares.items() if t < 8) == 0.0
+    assert max(v for t, v in shares.items() if 12 <= t <= 20) > 0.3
+    assert any(v is not None for _, v in guard.latency["BENIGN"]["p99"])
+    assert any(v is not None for _, v in guard.latency["TTFT"]["p50"])
+    # Every rejection the guard counted during the run is in a bar.
+    counted = sum(sum(row) for row in guard.rejections.values()) * guard.bar_width
+    totals = report.load_run(GUARD).numbers["guard_rejections_by_code"]
+    assert counted == pytest.approx(sum(totals.values()))
+    assert "429 rate_limited_tokens" in guard.answers
+    # Without the guard the upstream died 15 s in; benign requests failed from then on.
+    assert 12 <= bare.died["upstream"] <= 18 and not bare.rejections
+    late = [v for t, v in bare.benign_error_share if t > bare.died["upstream"] + 4]
+    assert late and min(v for v in late if v is not None) > 0.9
+    assert any(label.startswith("no answer") for label in bare.answers)
+    assert bare.peak_rss["upstream"] > 512
+
+
+# ------------------------------------------------------------------------------ HTML
+
+
+def test_report_of_one_run_has_every_slo_and_chart(tmp_path: Path) -> None:
+    run = report.load_run(_copy_run(GUARD, tmp_path / "guard"))
+    text = report.build_html(run)
+    page = _parse(text)
+    assert page.slo_rows == [c["name"] for c in run.checks]
+    assert page.verdict == "PASS"
+    assert set(page.charts) == set(report.CHARTS)
+    for chart in ("benign-latency", "ttft", "itl", "rss"):
+        assert page.charts[chart].get("polyline", 0) >= 2, chart  # p50 and p99 / two servers
+    for chart in ("benign-latency", "ttft", "itl"):
+        assert page.charts[chart].get("polygon", 0) >= 1, chart  # the attack share
+    assert page.charts["guard-rejections"].get("rect", 0) >= 5
+    assert page.charts["attack-answers"].get("rect", 0) >= 5
+    assert not page.empty_charts
+    _assert_self_contained(page)
+    for code in run.numbers["guard_rejections_by_code"]:
+        assert code in text
+    for cls in run.numbers["attacks_by_class"]:
+        assert f'data-class="{cls}"' in text
+
+
+def test_report_beside_a_no_guard_run(tmp_path: Path) -> None:
+    out = _copy_run(GUARD, tmp_path / "guard")
+    path = report.write_report(out, NO_GUARD)
+    text = path.read_text()
+    page = _parse(text)
+    names = [c["name"] for c in report.load_run(GUARD).checks]
+    assert page.slo_rows == names
+    assert set(page.charts) == {*report.CHARTS, *(f"{c}-compare" for c in report.CHARTS)}
+    assert page.empty_charts == {"guard-rejections-compare"}  # no guard: nothing rejects
+    assert "without the guard (--no-guard)" in text and "upstream gone" in text
+    assert "process gone" in text  # the no-guard run's failed health check, in its column
+    rss = _svg_of(text, "rss-compare")
+    assert 'class="marker"' in rss and "upstream SLO 512 MB" in rss  # gone past its SLO
+    assert 'class="marker"' not in _svg_of(text, "rss")
+    _assert_self_contained(page)
+
+
+def test_report_of_a_run_without_a_timeline(tmp_path: Path) -> None:
+    """An older run (slo.json only): verdicts, numbers and RSS from the SLO report; the other
+    charts say why they are empty."""
+    out = tmp_path / "old"
+    out.mkdir()
+    data = json.loads((GUARD / "report.json").read_text())
+    data["numbers"]["rss_series_mb"] = {"guard": [[0, 90.0], [5, 95.0]]}
+    for key in ("mode", "servers", "files"):
+        data.pop(key)
+    (out / "slo.json").write_text(json.dumps(data))
+    page = _parse(report.build_html(report.load_run(out / "slo.json")))
+    assert page.slo_rows == [c["name"] for c in data["checks"]]
+    assert "rss" not in page.empty_charts and page.charts["rss"].get("polyline")
+    assert {"benign-latency", "attack-answers"} <= page.empty_charts
+
+
+def test_load_run_refuses_what_is_not_a_run(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        report.load_run(tmp_path)
+    (tmp_path / "slo.json").write_text("{}")
+    with pytest.raises(ValueError):
+        report.load_run(tmp_path)
+
+
+def test_schedguard_load_report_only_and_compare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _copy_run(GUARD, tmp_path / "guard")
+    args = build_parser().parse_args(
+        ["load", "--report-only", "--out", str(out), "--compare", str(NO_GUARD)]
+    )
+    assert _load_cli.run(args) == 0
+    assert "-compare" in (out / "report.html").read_text()
+    bad = build_parser().parse_args(["load", "--out", str(out), "--compare", str(tmp_path / "x")])
+    assert _load_cli.run(bad) == 2
+    assert "--compare" in capsys.readouterr().err
+    same = build_parser().parse_args(["load", "--out", str(out), "--compare", str(out)])
+    assert _load_cli.run(same) == 2
+    assert "itself" in capsys.readouterr().err
+
+
+def test_locust_writes_its_report_beside_ours() -> None:
+    args = build_parser().parse_args(["load"])
+    target = _load_cli.LoadEndpoints("http://g", "http://g", "http://u", 1, 2)
+    cmd = _load_cli.locust_argv(args, target, Path("out"))
+    assert cmd[cmd.index("--html") + 1] == str(Path("out") / "locust_report.html")
+    assert cmd[cmd.index("--timeline-json") + 1] == str(Path("out") / "timeline.json")
+
+
+# ------------------------------------------------------------------------------ charts
+
+
+def test_ticks() -> None:
+    assert svgchart.nice_ticks(4300) == [0, 1000, 2000, 3000, 4000, 5000]
+    assert svgchart.nice_ticks(0) == [0.0, 1.0]
+    assert svgchart.time_ticks(30) == [0, 5, 10, 15, 20, 25, 30]
+    assert svgchart.time_ticks(600)[:3] == [0, 120, 240]
+    assert svgchart.format_seconds(120, 600) == "2:00" and svgchart.format_seconds(5, 30) == "5 s"
+
+
+def test_live_dashboard_memory_chart_has_a_time_axis() -> None:
+    status: dict[str, Any] = {
+        "guard": {"series": [[t, 90.0 + t / 10] for t in range(0, 61, 2)]},
+        "upstream": {"series": [[t, 300.0] for t in range(0, 61, 2)]},
+        "slo": {"thresholds": {"max_guard_rss_mb": 150.0, "max_upstream_rss_mb": 512.0}},
+    }
+    svg = dashboard.memory_svg(status)
+    page = _parse(svg)
+    assert page.charts["memory"].get("polyline", 0) >= 3  # two servers and the axes
+    for tick in ("0 s", "30 s", "60 s"):
+        assert f">{tick}</text>" in svg
+    assert "time since the monitor started" in svg
+    assert "guard SLO 150 MB" in svg and "upstream SLO 512 MB" in svg
+    assert "<!--memory-->" not in dashboard.page(status) and "<svg" in dashboard.page(status)
+    assert "no RSS samples yet" in dashboard.memory_svg({})
+
+
+# ------------------------------------------------------------------------------ Chromium
+
+
+def _close(rgb: tuple[int, ...], hex_colour: str, tolerance: int = 10) -> bool:
+    want = bytes.fromhex(hex_colour.lstrip("#"))
+    return all(abs(a - b) <= tolerance for a, b in zip(rgb, want, strict=True))
+
+
+@pytest.mark.timeout(240)
+def test_report_renders_in_chromium(tmp_path: Path) -> None:
+    """The compared report in a real headless Chromium: a 1400x3000 screenshot that is not
+    blank (every band of the page down to the charts' end has ink, with the series' colours
+    drawn), and the DOM Chromium built has every SLO row and chart, with no console error."""
+    _chromium.require_chromium()
+    out = _copy_run(GUARD, tmp_path / "guard")
+    html_path = report.write_report(out, NO_GUARD)
+    url = html_path.resolve().as_uri()
+
+    dom, console = _chromium.dump_dom(url)
+    assert console == []
+    page = _parse(dom)
+    assert page.slo_rows == [c["name"] for c in report.load_run(GUARD).checks]
+    assert set(page.charts) == {*report.CHARTS, *(f"{c}-compare" for c in report.CHARTS)}
+    assert page.verdict == "PASS"
+
+    png = tmp_path / "report.png"
+    console = _chromium.screenshot(url, png)
+    assert console == []
+    image = _chromium.read_png(png)
+    assert (image.width, image.height) == (1400, 3000)
+    counts = collections.Counter(image.pixels(step=2))
+    assert len(counts) > 500  # text, lines, areas, bars: not a blank or flat page
+    # The charts span y ~ 450-2550: each 300-pixel band there has ink of its own (neither
+    # the white of the figures nor the page's background).
+    for y in range(450, 2550, 300):
+        band = image.pixels(y, y + 300, step=2)
+        ink = sum(1 for p in band if not (_close(p, "#ffffff", 6) or _close(p, "#f6f7f9", 6)))
+        assert ink > 0.03 * len(band), f"rows {y}-{y + 300} look empty"
+    # The series were drawn, not only the frames: their colours are on the page.
+    for name, colour in (
+        ("p99", report._P99),
+        ("p50", report._P50),
+        ("guard RSS", report._RSS["guard"]),
+        ("upstream RSS", report._RSS["upstream"]),
+        ("a rejection code", report._CODE_COLORS[0]),
+        ("flood served", report._FLOOD_SERVED),
+        ("benign errors", report._ERRORS),
+    ):
+        assert sum(n for p, n in counts.items() if _close(p, colour)) > 100, name
