@@ -75,7 +75,7 @@ _CODE_COLORS = (
     "#9d755d",
     "#f58518",
     "#79706e",
-    "#83bcb6",
+    "#2f4b7c",
 )
 _SERVED = ("#d62728", "#a50f15", "#ef3b2c")
 _FLOOD_SERVED = "#f4a3a3"
@@ -162,6 +162,7 @@ class RunSeries:
     peak_rss: dict[str, float] = field(default_factory=dict)  # the kernel's high-water mark
     died: dict[str, float] = field(default_factory=dict)
     bar_starts: list[float] = field(default_factory=list)
+    bar_seconds: list[float] = field(default_factory=list)  # each bar's length within the run
     rejections: dict[str, list[float]] = field(default_factory=dict)  # code -> per second
     answers: dict[str, list[float]] = field(default_factory=dict)  # outcome -> per second
     has_timeline: bool = False
@@ -234,26 +235,31 @@ def series(run: Run) -> RunSeries:
         if peak is not None:
             out.peak_rss[name] = float(peak)
 
-    n_bars = max(1, math.ceil(duration / bar))
+    # A last piece shorter than a tenth of a bar joins the one before; rates are per second of
+    # each bar's own length (the last one may be shorter or longer than the others).
+    n_bars = max(1, math.ceil(duration / bar - 0.1))
     out.bar_starts = [i * bar for i in range(n_bars)]
-    out.rejections = _rates_from_counters(tl.get("guard_rejections") or [], bar, n_bars)
+    widths = [bar] * (n_bars - 1) + [max(1.0, duration - (n_bars - 1) * bar)]
+    out.bar_seconds = widths
+    out.rejections = _rates_from_counters(tl.get("guard_rejections") or [], bar, widths)
     answers: dict[str, list[float]] = {}
     for s, b in buckets.items():
         i = min(max(0, int(s // bar)), n_bars - 1)
         for label, n in (b.get("outcome") or {}).items():
-            answers.setdefault(label, [0.0] * n_bars)[i] += n / bar
+            answers.setdefault(label, [0.0] * n_bars)[i] += n / widths[i]
     out.answers = answers
     return out
 
 
 def _rates_from_counters(
-    samples: Sequence[Sequence[Any]], width: float, n_bars: int
+    samples: Sequence[Sequence[Any]], width: float, seconds: Sequence[float]
 ) -> dict[str, list[float]]:
     """Per-second rates per bar from cumulative counters sampled at times ``t``: each
     increase goes to the bar of the sample that first showed it (it happened since the sample
     before, at most a scrape interval earlier: never drawn before it happened). Increases seen
     past the last bar go into it; those seen before the run's start are dropped."""
     rates: dict[str, list[float]] = {}
+    n_bars = len(seconds)
     for (_, before), (b, after) in itertools.pairwise(samples):
         if float(b) < 0:
             continue
@@ -261,7 +267,7 @@ def _rates_from_counters(
         for code, total in after.items():
             delta = float(total) - float(before.get(code, 0.0))
             if delta > 0:
-                rates.setdefault(code, [0.0] * n_bars)[i] += delta / width
+                rates.setdefault(code, [0.0] * n_bars)[i] += delta / seconds[i]
     return rates
 
 
@@ -651,7 +657,7 @@ def _charts(
     )
 
     bars = Bars(rs.bar_starts, rs.bar_width, _stacks(rs.rejections, colours, lambda c: c))
-    totals = {code: sum(row) * rs.bar_width for code, row in rs.rejections.items()}
+    totals = {code: _count(row, rs.bar_seconds) for code, row in rs.rejections.items()}
     out.append(
         _Chart(
             f"guard-rejections{suffix}",
@@ -679,7 +685,7 @@ def _charts(
         )
     )
     answers = Bars(rs.bar_starts, rs.bar_width, _stacks(rs.answers, colours, _code_of))
-    totals = {label: sum(row) * rs.bar_width for label, row in rs.answers.items()}
+    totals = {label: _count(row, rs.bar_seconds) for label, row in rs.answers.items()}
     out.append(
         _Chart(
             f"attack-answers{suffix}",
@@ -703,6 +709,10 @@ def _charts(
         )
     )
     return out
+
+
+def _count(rates: Sequence[float], seconds: Sequence[float]) -> float:
+    return sum(r * s for r, s in zip(rates, seconds, strict=True))
 
 
 def _total(label: str, totals: Mapping[str, float]) -> str:

@@ -141,8 +141,8 @@ def test_timeline_buckets_merge_and_build() -> None:
 
 def test_rejection_rates_count_each_increase_at_the_scrape_that_saw_it() -> None:
     samples = [[-1.0, {}], [4.0, {"a": 5.0}], [6.0, {"a": 5.0, "b": 10.0}], [31.0, {"a": 7.0}]]
-    rates = report._rates_from_counters(samples, width=5.0, n_bars=6)
-    assert rates["a"] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.4]  # 5 in bar 0; 2 seen past the end
+    rates = report._rates_from_counters(samples, 5.0, [5.0] * 5 + [2.0])  # a 27 s run
+    assert rates["a"] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]  # 5 in bar 0; 2 seen past the end
     assert rates["b"] == [0.0, 2.0, 0.0, 0.0, 0.0, 0.0]
 
 
@@ -160,10 +160,15 @@ def test_series_of_the_recorded_runs() -> None:
     assert any(v is not None for _, v in guard.latency["BENIGN"]["p99"])
     assert any(v is not None for _, v in guard.latency["TTFT"]["p50"])
     # Every rejection the guard counted during the run is in a bar.
-    counted = sum(sum(row) for row in guard.rejections.values()) * guard.bar_width
+    counted = sum(report._count(row, guard.bar_seconds) for row in guard.rejections.values())
     totals = report.load_run(GUARD).numbers["guard_rejections_by_code"]
     assert counted == pytest.approx(sum(totals.values()))
     assert "429 rate_limited_tokens" in guard.answers
+    answered = sum(report._count(row, guard.bar_seconds) for row in guard.answers.values())
+    buckets = report.load_run(GUARD).timeline["buckets"]  # type: ignore[index]
+    assert answered == pytest.approx(
+        sum(sum(b.get("outcome", {}).values()) for b in buckets.values())
+    )
     # Without the guard the upstream died 15 s in; benign requests failed from then on.
     assert 12 <= bare.died["upstream"] <= 18 and not bare.rejections
     late = [v for t, v in bare.benign_error_share if t > bare.died["upstream"] + 4]
