@@ -26,7 +26,6 @@ the oracle's worker); hardened and guard targets run in process, as campaigns ru
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import statistics
@@ -42,10 +41,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from fuzz.engines import available_engines, get_engine  # noqa: E402
-from fuzz.oracle import Oracle  # noqa: E402
-from fuzz.targets import REGISTRY, get_target  # noqa: E402
-from fuzz.targets._base import Target  # noqa: E402
+from fuzz import (  # noqa: E402
+    REGISTRY,
+    EngineResult,
+    EngineRun,
+    FuzzTarget,
+    Oracle,
+    RunOptions,
+    available_engines,
+    get_engine,
+    get_target,
+)
 
 TTFF_MEDIAN_TARGET_S = 20.0
 SPEEDUP_TARGET = 3.0
@@ -73,7 +79,7 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _oracle_factory(target: Target) -> Callable[[], Oracle]:
+def _oracle_factory(target: FuzzTarget) -> Callable[[], Oracle]:
     isolate = target.kind == "vulnerable" or target.isolate_by_default
 
     def make() -> Oracle:
@@ -82,23 +88,26 @@ def _oracle_factory(target: Target) -> Callable[[], Oracle]:
     return make
 
 
-def _run(spec: EngineSpec, target: Target, *, duration_s: float, seed: int, **extra: Any) -> Any:
-    fn = get_engine(spec.engine)
-    kwargs = {**spec.kwargs, **extra}
-    accepted = inspect.signature(fn).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+def _run(
+    spec: EngineSpec,
+    target: FuzzTarget,
+    *,
+    duration_s: float,
+    seed: int,
+    stop_on_first: bool = False,
+    minimise_s: float = 20.0,
+) -> EngineResult:
+    # The spec's keywords are its engine's own (atheris' mode and dictionary).
+    fn: Callable[..., EngineResult] = get_engine(spec.engine)
     with tempfile.TemporaryDirectory(prefix="bench-fuzz-") as tmp:
-        return fn(
-            target,
-            _oracle_factory(target),
+        options = RunOptions(
             duration_s=duration_s,
-            jobs=1,
             out_dir=Path(tmp),
             seed=seed,
-            save=False,
-            **kwargs,
+            minimise_s=minimise_s,
+            stop_on_first=stop_on_first,
         )
+        return fn(EngineRun(target, _oracle_factory(target), options), **spec.kwargs)
 
 
 def _specs(names: list[str] | None) -> list[EngineSpec]:
@@ -113,7 +122,7 @@ def _specs(names: list[str] | None) -> list[EngineSpec]:
 
 
 def bench_execs(
-    targets: list[Target], specs: list[EngineSpec], seconds: float
+    targets: list[FuzzTarget], specs: list[EngineSpec], seconds: float
 ) -> list[dict[str, Any]]:
     rows = []
     for target in targets:
@@ -145,7 +154,7 @@ def bench_execs(
 
 
 def bench_ttff(
-    targets: list[Target],
+    targets: list[FuzzTarget],
     specs: list[EngineSpec],
     seeds: int,
     bound: float,

@@ -2,6 +2,131 @@
 
 Nothing outside the CLI layer, the benches and the tests imports this package. The pieces:
 :mod:`fuzz.targets` (what is fuzzed, with its budgets), :mod:`fuzz.oracle` (runs inputs under
-those budgets in a limited worker process), the engines (:mod:`fuzz.engines`), minimisation and
-findings (:mod:`fuzz.minimize`, :mod:`fuzz.findings`), campaigns and reports.
+those budgets in a limited worker process), the engines (:mod:`fuzz.engines`, each called with
+one :class:`EngineRun`), minimisation and findings (:mod:`fuzz.minimize`, :mod:`fuzz.findings`),
+campaigns and reports (:mod:`fuzz.campaign`, :mod:`fuzz.report`).
+
+The public API is what this module exports. Apart from the exceptions, the names are imported
+on first use: the atheris harness imports this package before it instruments the targets, so
+importing ``fuzz`` must not import them (or the guard) yet.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from fuzz._exceptions import (
+    AppInternalError,
+    CheckFailed,
+    CostFinding,
+    EngineUnavailable,
+    InvariantViolation,
+    SoftTimeout,
+    WorkerError,
+)
+
+if TYPE_CHECKING:
+    from fuzz.campaign import (
+        CampaignOptions,
+        ReplayResult,
+        replay_file,
+        replay_paths,
+        run_campaign,
+    )
+    from fuzz.engines import (
+        ENGINE_NAMES,
+        EngineResult,
+        EngineRun,
+        Progress,
+        RunOptions,
+        available_engines,
+        get_engine,
+    )
+    from fuzz.findings import Finding, FindingSet
+    from fuzz.oracle import Oracle, Outcome
+    from fuzz.report import CampaignReport, write_reports
+    from fuzz.targets import (
+        FAILS_CI,
+        REGISTRY,
+        Budgets,
+        Cost,
+        FuzzTarget,
+        TargetKind,
+        get_target,
+    )
+
+__all__ = [
+    "ENGINE_NAMES",
+    "FAILS_CI",
+    "REGISTRY",
+    "AppInternalError",
+    "Budgets",
+    "CampaignOptions",
+    "CampaignReport",
+    "CheckFailed",
+    "Cost",
+    "CostFinding",
+    "EngineResult",
+    "EngineRun",
+    "EngineUnavailable",
+    "Finding",
+    "FindingSet",
+    "FuzzTarget",
+    "InvariantViolation",
+    "Oracle",
+    "Outcome",
+    "Progress",
+    "ReplayResult",
+    "RunOptions",
+    "SoftTimeout",
+    "TargetKind",
+    "WorkerError",
+    "available_engines",
+    "get_engine",
+    "get_target",
+    "replay_file",
+    "replay_paths",
+    "run_campaign",
+    "write_reports",
+]
+
+# name -> the module that defines it (imported by __getattr__ when the name is first used).
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        ("CampaignOptions", "ReplayResult", "replay_file", "replay_paths", "run_campaign"),
+        "fuzz.campaign",
+    ),
+    **dict.fromkeys(
+        (
+            "ENGINE_NAMES",
+            "EngineResult",
+            "EngineRun",
+            "Progress",
+            "RunOptions",
+            "available_engines",
+            "get_engine",
+        ),
+        "fuzz.engines",
+    ),
+    **dict.fromkeys(("Finding", "FindingSet"), "fuzz.findings"),
+    **dict.fromkeys(("Oracle", "Outcome"), "fuzz.oracle"),
+    **dict.fromkeys(("CampaignReport", "write_reports"), "fuzz.report"),
+    **dict.fromkeys(
+        ("FAILS_CI", "REGISTRY", "Budgets", "Cost", "FuzzTarget", "TargetKind", "get_target"),
+        "fuzz.targets",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

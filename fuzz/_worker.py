@@ -35,14 +35,15 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
+from fuzz._exceptions import SoftTimeout
+
 if TYPE_CHECKING:
-    from fuzz.targets._base import Target
+    from fuzz.targets._base import FuzzTarget
 
 __all__ = [
+    "ExecStatus",
     "MemProbe",
     "RawResult",
-    "SoftTimeout",
-    "Status",
     "execute_one",
     "freeze_heap",
     "on_timer",
@@ -54,7 +55,7 @@ _PR_SET_PDEATHSIG = 1
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
-class Status:
+class ExecStatus:
     OK = 0
     REJECTED = 1  # one of the target's documented rejections
     EXCEPTION = 2  # anything else: a crash
@@ -81,11 +82,6 @@ class RawResult:
     cpu_total: float = 0.0
 
 
-class SoftTimeout(BaseException):
-    """Raised by the CPU timer inside the target (BaseException: targets that catch Exception
-    to map it to their own errors must not swallow it)."""
-
-
 def on_timer(signum: int, frame: FrameType | None) -> None:
     raise SoftTimeout
 
@@ -108,10 +104,6 @@ class MemProbe:
             self.close()
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._base = 0
-
-    @property
-    def precise(self) -> bool:
-        return self._clear >= 0
 
     def start(self) -> None:
         if self._clear >= 0:
@@ -179,7 +171,7 @@ def _where(tb: TracebackType | None) -> str | None:
     return f"{path}:{frame.lineno}:{frame.name}"
 
 
-def _progress(target: Target) -> tuple[int, int]:
+def _progress(target: FuzzTarget) -> tuple[int, int]:
     fn = getattr(target, "progress", None)
     if fn is None:
         return 0, 0
@@ -191,7 +183,7 @@ def _progress(target: Target) -> tuple[int, int]:
 
 
 def execute_one(
-    target: Target, data: bytes, probe: MemProbe, soft_timeout_s: float | None
+    target: FuzzTarget, data: bytes, probe: MemProbe, soft_timeout_s: float | None
 ) -> RawResult:
     """Run one input in this process and measure it. ``soft_timeout_s``: CPU seconds before
     :class:`SoftTimeout` is raised inside the target (main thread only; None: no timer)."""
@@ -206,7 +198,7 @@ def execute_one(
     cpu0 = time.thread_time()
     t0 = time.perf_counter()
     steps = tokens = 0
-    status = Status.OK
+    status = ExecStatus.OK
     err_type = err_msg = where = code = None
     try:
         if timer:
@@ -219,19 +211,19 @@ def execute_one(
                 signal.setitimer(signal.ITIMER_PROF, 0)
         steps, tokens = cost.steps, cost.output_tokens
     except SoftTimeout:
-        status, err_type = Status.SOFT_TIMEOUT, "Timeout"
+        status, err_type = ExecStatus.SOFT_TIMEOUT, "Timeout"
         steps, tokens = _progress(target)
     except MemoryError as exc:
-        status, err_type, err_msg = Status.MEMORY, "MemoryError", str(exc)[:500] or "memory cap"
+        status, err_type, err_msg = ExecStatus.MEMORY, "MemoryError", str(exc)[:500] or "memory cap"
         steps, tokens = _progress(target)
     except target.expected as exc:
-        status, err_type = Status.REJECTED, type(exc).__name__
+        status, err_type = ExecStatus.REJECTED, type(exc).__name__
         c = getattr(exc, "code", None)
         code = c if isinstance(c, str) else None
         err_msg = str(exc)[:500]
         steps, tokens = _progress(target)
     except Exception as exc:
-        status, err_type, err_msg = Status.EXCEPTION, type(exc).__name__, str(exc)[:2000]
+        status, err_type, err_msg = ExecStatus.EXCEPTION, type(exc).__name__, str(exc)[:2000]
         where = _where(exc.__traceback__)
         steps, tokens = _progress(target)
     wall = time.perf_counter() - t0
@@ -277,7 +269,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _worker_main(target: Target, sock: socket.socket, headroom: int, soft_s: float) -> None:
+def _worker_main(target: FuzzTarget, sock: socket.socket, headroom: int, soft_s: float) -> None:
     """Serve batches until EOF; exit after a timeout or MemoryError (state may be damaged)."""
     probe = MemProbe()
     with contextlib.suppress(ValueError, OSError):
@@ -302,7 +294,7 @@ def _worker_main(target: Target, sock: socket.socket, headroom: int, soft_s: flo
             raw = execute_one(target, data, probe, soft_s)
             blob = pickle.dumps(astuple(raw), protocol=pickle.HIGHEST_PROTOCOL)
             sock.sendall(_U32.pack(len(blob)) + blob)
-            if raw.status in (Status.MEMORY, Status.SOFT_TIMEOUT):
+            if raw.status in (ExecStatus.MEMORY, ExecStatus.SOFT_TIMEOUT):
                 return  # the caller restarts a clean worker for the rest of the batch
 
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fuzz.findings import EngineResult, FindingSet, Progress, cause_of, known_causes
+from fuzz.engines import ENGINE_NAMES, EngineUnavailable, get_engine
+from fuzz.engines._run import EngineResult, EngineRun, Progress, RunOptions
+from fuzz.findings import FindingSet, cause_of, known_causes
 from fuzz.oracle import Oracle, Outcome
 from fuzz.report import CampaignReport, write_reports
-from fuzz.targets import FAILS_CI, get_target
+from fuzz.targets import FAILS_CI, FuzzTarget, get_target
 
 __all__ = [
     "CampaignOptions",
@@ -34,7 +36,6 @@ __all__ = [
     "run_campaign",
 ]
 
-_SEARCH_ONLY = ("search",)
 # Larger bodies are refused by the guard's framing before any check sees them (max_body_bytes);
 # replaying them against a check or a template engine says nothing.
 MAX_REPLAY_BYTES = 8 << 20
@@ -66,12 +67,6 @@ def default_minimise_s(duration_s: float) -> float:
 
 def engine_names(engine: str) -> tuple[list[str], dict[str, str]]:
     """The engines ``engine`` stands for here, and those skipped with the reason."""
-    try:
-        from fuzz.engines import ENGINE_NAMES, EngineUnavailable, get_engine
-    except ImportError:  # the registry is not there: only the built-in engine
-        if engine in ("all", *_SEARCH_ONLY):
-            return ["search"], {}
-        raise KeyError(f"unknown fuzz engine {engine!r}") from None
     names = list(ENGINE_NAMES) if engine == "all" else [engine]
     ok: list[str] = []
     skipped: dict[str, str] = {}
@@ -85,17 +80,6 @@ def engine_names(engine: str) -> tuple[list[str], dict[str, str]]:
             continue
         ok.append(name)
     return ok, skipped
-
-
-def _engine_fn(name: str) -> Callable[..., EngineResult]:
-    try:
-        from fuzz.engines import get_engine
-    except ImportError:
-        from fuzz.search import run_search
-
-        return run_search
-    fn: Callable[..., EngineResult] = get_engine(name)
-    return fn
 
 
 class ProgressLine:
@@ -148,60 +132,15 @@ class ProgressLine:
 def run_campaign(opts: CampaignOptions) -> CampaignReport:
     target = get_target(opts.target)
     names, skipped = engine_names(opts.engine)
-    isolate = target.isolate_by_default if opts.isolate is None else opts.isolate
-    if target.kind == "vulnerable":
-        isolate = True  # never run a vulnerable engine in this process
-    minimise_s = (
-        opts.minimise_s if opts.minimise_s is not None else default_minimise_s(opts.duration_s)
-    )
-    findings = FindingSet(known_causes(target.name, opts.save_root) if opts.save else {})
     progress = ProgressLine(opts.progress, target.name)
     for name, why in skipped.items():
         progress.note(f"engine {name} skipped: {why}")
-    share = opts.duration_s / max(1, len(names))
-    results: list[EngineResult] = []
+    save_root = _save_root(opts)
+    findings = FindingSet(known_causes(target.name, save_root) if save_root is not None else {})
     start = time.monotonic()
-
-    def factory() -> Oracle:
-        return Oracle(target.name, isolate=isolate)
-
-    for name in names:
-        # Absolute: engines may run tools from another working directory.
-        engine_out = None if opts.out_dir is None else opts.out_dir.resolve() / f"engine-{name}"
-        t0 = time.monotonic()
-        try:
-            result = _engine_fn(name)(
-                target,
-                factory,
-                duration_s=share,
-                jobs=opts.jobs,
-                out_dir=engine_out,
-                seed=opts.seed,
-                on_progress=progress,
-                findings=findings,
-                save_root=opts.save_root,
-                save=opts.save,
-                minimise_s=minimise_s,
-            )
-        except Exception as exc:  # one engine failing must not lose the others' results
-            progress.note(f"engine {name} failed: {type(exc).__name__}: {exc}")
-            result = EngineResult(
-                execs=0,
-                findings=[],
-                best_cost_over_time=[],
-                coverage=None,
-                time_to_first_finding_s=None,
-                engine=name,
-                duration_s=time.monotonic() - t0,
-                extra={"errors": [f"{type(exc).__name__}: {exc}"]},
-            )
-        for err in result.extra.get("errors") or []:
-            progress.note(f"engine {name}: {err}")
-        if not result.engine:
-            result.engine = name
-        if not result.duration_s:
-            result.duration_s = time.monotonic() - t0
-        results.append(result)
+    results = [
+        _run_engine(name, target, opts, save_root, findings, progress, len(names)) for name in names
+    ]
     progress.done()
     report = CampaignReport(
         target=target.name,
@@ -221,6 +160,56 @@ def run_campaign(opts: CampaignOptions) -> CampaignReport:
     if opts.out_dir is not None:
         write_reports(report, opts.out_dir)
     return report
+
+
+def _save_root(opts: CampaignOptions) -> Path | None:
+    if not opts.save:
+        return None
+    if opts.save_root is not None:
+        return opts.save_root
+    from payloads import DEFAULT_ROOT
+
+    return DEFAULT_ROOT
+
+
+def _run_engine(
+    name: str,
+    target: FuzzTarget,
+    opts: CampaignOptions,
+    save_root: Path | None,
+    findings: FindingSet,
+    progress: ProgressLine,
+    engines: int,
+) -> EngineResult:
+    """One engine's share of the campaign; an engine that fails is reported, not raised."""
+    isolate = target.isolate_by_default if opts.isolate is None else opts.isolate
+    if target.kind == "vulnerable":
+        isolate = True  # never run a vulnerable engine in this process
+
+    def factory() -> Oracle:
+        return Oracle(target.name, isolate=isolate)
+
+    options = RunOptions(
+        duration_s=opts.duration_s / max(1, engines),
+        jobs=opts.jobs,
+        # Absolute: engines may run tools from another working directory.
+        out_dir=None if opts.out_dir is None else opts.out_dir.resolve() / f"engine-{name}",
+        seed=opts.seed,
+        minimise_s=(
+            opts.minimise_s if opts.minimise_s is not None else default_minimise_s(opts.duration_s)
+        ),
+        save_root=save_root,
+    )
+    run = EngineRun(target, factory, options, engine=name, findings=findings, on_progress=progress)
+    try:
+        result = get_engine(name)(run)
+    except Exception as exc:  # one engine failing must not lose the others' results
+        progress.note(f"engine {name} failed: {type(exc).__name__}: {exc}")
+        run.error(exc)
+        result = run.result()
+    for err in result.extra.get("errors") or []:
+        progress.note(f"engine {name}: {err}")
+    return result
 
 
 # --------------------------------------------------------------------------------- replay

@@ -4,33 +4,29 @@ A cause is what makes two findings "the same bug" (:func:`cause_of`): a crash's 
 and innermost frame, or the resource that ran out (time: a timeout or the wall budget; memory:
 the ``RLIMIT_AS`` cap or the memory budget; steps; output tokens; cost per byte).
 :func:`record` keeps the first input per cause, minimises it with :func:`fuzz.minimize.ddmin`
-(the predicate: the oracle still reports the same cause), measures it again and saves it with
-:func:`payloads.writer.save_found` under ``<root>/found/<target>/``, with the cost before and
-after minimisation. A cause that already has a payload file there is not saved twice.
+(the predicate: the oracle still reports the same cause), measures it again and, given a corpus
+root, saves it with :func:`payloads.writer.save_found` under ``<root>/found/<target>/``, with the
+cost before and after minimisation. A cause that already has a payload file there is not saved
+twice.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fuzz.minimize import MinimiseStats, ddmin
-from fuzz.oracle import Outcome
-from fuzz.targets._base import Cost, Target
 
 if TYPE_CHECKING:
-    from fuzz.oracle import Oracle
+    from fuzz.oracle import Oracle, Outcome
+    from fuzz.targets import Cost, FuzzTarget
 
 __all__ = [
-    "EngineResult",
     "Finding",
     "FindingSet",
-    "Progress",
     "cause_of",
     "known_causes",
     "record",
@@ -40,6 +36,8 @@ __all__ = [
 
 # Verdicts that come from a measurement near a threshold (re-run once before they count).
 _MEASURED = frozenset({"budget", "cost_per_byte"})
+# Oracle runs ddmin may spend on one finding (besides its deadline).
+_MAX_TESTS = 2000
 
 
 def cause_of(outcome: Outcome) -> str:
@@ -82,10 +80,6 @@ class Finding:
     def size_bytes(self) -> int:
         return len(self.data)
 
-    @property
-    def verdict(self) -> str:
-        return self.outcome.verdict
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "target": self.target,
@@ -108,34 +102,6 @@ class Finding:
             **({"save_error": self.save_error} if self.save_error else {}),
             "input_preview": self.data[:200].decode("utf-8", "replace"),
         }
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A progress report from an engine (the campaign prints one line from it)."""
-
-    elapsed_s: float
-    execs: int
-    execs_per_s: float
-    coverage: int | None
-    best_cost: float
-    findings: int
-    engine: str = ""
-
-
-@dataclass
-class EngineResult:
-    """What an engine returns: ``best_cost_over_time`` is ``(seconds, Cost.scalar())`` at each
-    improvement; ``coverage`` the edges or features seen (None when the engine has none)."""
-
-    execs: int
-    findings: list[Finding]
-    best_cost_over_time: list[tuple[float, float]]
-    coverage: int | None
-    time_to_first_finding_s: float | None
-    engine: str = ""
-    duration_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class FindingSet:
@@ -173,11 +139,11 @@ def safe_target_name(name: str) -> str:
     return re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")[:64] or "target"
 
 
-def known_causes(target: str, root: Path | None = None) -> dict[str, str]:
+def known_causes(target: str, root: Path) -> dict[str, str]:
     """cause -> path of the payload files already saved for ``target`` under ``root``."""
-    from payloads.loader import DEFAULT_ROOT, load_payload
+    from payloads import load_payload
 
-    directory = (DEFAULT_ROOT if root is None else Path(root)) / "found" / safe_target_name(target)
+    directory = Path(root) / "found" / safe_target_name(target)
     out: dict[str, str] = {}
     if not directory.is_dir():
         return out
@@ -192,7 +158,7 @@ def known_causes(target: str, root: Path | None = None) -> dict[str, str]:
 
 
 def record(
-    target: Target,
+    target: FuzzTarget,
     data: bytes,
     outcome: Outcome,
     engine: str,
@@ -203,13 +169,11 @@ def record(
     seed: int | None = None,
     minimise: bool = True,
     minimise_s: float = 20.0,
-    max_tests: int = 2000,
     save_root: Path | None = None,
-    save: bool = True,
-    on_progress: Callable[[str], None] | None = None,
 ) -> Finding | None:
     """Deduplicate, minimise, re-measure and save one finding; None when its cause is known
-    to this campaign already. ``save_root``: the corpus root (``payloads/`` by default)."""
+    to this campaign already (or a measured crossing did not reproduce). ``save_root``: the
+    corpus root the payload file goes under (None: not saved)."""
     cause = cause_of(outcome)
     if seen.has(cause):
         return None
@@ -224,14 +188,12 @@ def record(
     small = data
     stats = MinimiseStats()
     if minimise and len(data) > 1:
-        if on_progress is not None:
-            on_progress(f"minimising a {cause} finding ({len(data)} bytes)")
 
         def same_cause(candidate: bytes) -> bool:
             out = oracle.run(candidate)
             return out.is_finding and cause_of(out) == cause
 
-        small = ddmin(data, same_cause, max_tests=max_tests, deadline_s=minimise_s, stats=stats)
+        small = ddmin(data, same_cause, max_tests=_MAX_TESTS, deadline_s=minimise_s, stats=stats)
     after = oracle.run(small) if small != data else outcome
     if not after.is_finding or cause_of(after) != cause:
         # Flaky (time near the budget): keep the input as found.
@@ -250,7 +212,7 @@ def record(
         minimise_tests=stats.tests,
         seed=seed,
     )
-    if save:
+    if save_root is not None:
         try:
             _save(finding, target, seen, save_root)
         except Exception as exc:  # the finding stands; report why it has no file
@@ -259,8 +221,8 @@ def record(
     return finding
 
 
-def _save(finding: Finding, target: Target, seen: FindingSet, root: Path | None) -> None:
-    from payloads.writer import save_found
+def _save(finding: Finding, target: FuzzTarget, seen: FindingSet, root: Path) -> None:
+    from payloads import save_found
 
     existing = seen.known.get(finding.cause)
     if existing is not None:
@@ -302,7 +264,3 @@ def _payload_cost(cost: Cost, size: int) -> dict[str, float]:
     d["size_bytes"] = float(size)
     d["cost_per_byte"] = round(cost.per_byte(size), 6)
     return {k: v for k, v in d.items() if k in COST_METRICS}
-
-
-def elapsed_since(start: float) -> float:
-    return time.monotonic() - start

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from fuzz._worker import MemProbe, RawResult, Status, execute_one, freeze_heap, on_timer
+from fuzz._exceptions import WorkerError
+from fuzz._worker import ExecStatus, MemProbe, RawResult, execute_one, freeze_heap, on_timer
 from fuzz.targets._base import Budgets, Cost
 
-__all__ = ["FINDING_VERDICTS", "Oracle", "Outcome", "Verdict", "WorkerError", "classify"]
+__all__ = ["FINDING_VERDICTS", "Oracle", "OracleVerdict", "Outcome", "classify"]
 
-Verdict = Literal["ok", "rejected", "crash", "timeout", "oom", "budget", "cost_per_byte"]
+OracleVerdict = Literal["ok", "rejected", "crash", "timeout", "oom", "budget", "cost_per_byte"]
 FINDING_VERDICTS: frozenset[str] = frozenset({"crash", "timeout", "oom", "budget", "cost_per_byte"})
 
 
@@ -40,7 +41,7 @@ class Outcome:
     function``) or the budget crossed (``budget:wall_s`` ...); ``error_code`` is the GuardError
     code of a rejection."""
 
-    verdict: Verdict
+    verdict: OracleVerdict
     cost: Cost
     error_type: str | None = None
     error_message: str | None = None
@@ -57,6 +58,13 @@ class Outcome:
         """The dedup key: verdict + error type + top frame or budget crossed."""
         return f"{self.verdict}:{self.error_type or '-'}:{self.where or '-'}"
 
+    def summary(self) -> str:
+        """One line: the cause, the cost and the error (the atheris harness's crash message)."""
+        return (
+            f"{self.cause} cost={self.cost.to_dict()} "
+            f"{self.error_type or ''}: {(self.error_message or '')[:200]}"
+        )
+
 
 def classify(raw: RawResult, budgets: Budgets, size: int) -> Outcome:
     """The verdict of one measured execution (see the module docstring for the precedence).
@@ -72,11 +80,11 @@ def classify(raw: RawResult, budgets: Budgets, size: int) -> Outcome:
         cpu_s=raw.cpu_s,
     )
     status = raw.status
-    if status == Status.EXCEPTION:
+    if status == ExecStatus.EXCEPTION:
         return Outcome("crash", cost, raw.error_type, raw.error_message, raw.where)
-    if status == Status.MEMORY:
+    if status == ExecStatus.MEMORY:
         return Outcome("oom", cost, "MemoryError", raw.error_message, "oom")
-    if status == Status.SOFT_TIMEOUT:
+    if status == ExecStatus.SOFT_TIMEOUT:
         return Outcome("timeout", cost, "Timeout", f"over {budgets.wall_s} s", "timeout")
     crossed = _budget_crossed(cost, budgets)
     if crossed is not None:
@@ -92,7 +100,7 @@ def classify(raw: RawResult, budgets: Budgets, size: int) -> Outcome:
             "cost_per_byte",
             raw.error_code,
         )
-    if status == Status.REJECTED:
+    if status == ExecStatus.REJECTED:
         return Outcome("rejected", cost, raw.error_type, raw.error_message, None, raw.error_code)
     return Outcome("ok", cost)
 
@@ -114,10 +122,6 @@ def _signal_name(num: int) -> str:
         return signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
-
-
-class WorkerError(RuntimeError):
-    """The zygote could not be started (the target failed to import or warm up)."""
 
 
 class _Zygote:
@@ -407,7 +411,7 @@ class Oracle:
             self._cpu_mark = raw.cpu_total
             out.append(classify(raw, self.budgets, len(inputs[len(out)])))
             started = time.perf_counter()
-            if raw.status in (Status.MEMORY, Status.SOFT_TIMEOUT):
+            if raw.status in (ExecStatus.MEMORY, ExecStatus.SOFT_TIMEOUT):
                 self._stop_worker(kill=False)
                 self.restarts += 1
                 return out, False

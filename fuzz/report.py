@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz.findings import EngineResult, Finding
+from fuzz.engines._run import EngineResult
+from fuzz.findings import Finding
 
 __all__ = [
     "SARIF_SCHEMA",
@@ -207,66 +208,8 @@ def _rule_id(cause: str) -> str:
 def to_sarif(rep: CampaignReport) -> dict[str, Any]:
     """SARIF 2.1.0: one run, a rule per cause family, a result per finding (``error`` when the
     target fails CI, ``warning`` for an expected finding on a vulnerable target)."""
-    used = sorted({_rule_id(f.cause) for f in rep.findings})
-    rules = []
-    for rid in used:
-        name, text = _RULES.get(rid, ("ResourceExhaustion", f"Fuzz finding: {rid}"))
-        rules.append(
-            {
-                "id": f"fuzz/{rid}",
-                "name": name,
-                "shortDescription": {"text": text},
-                "fullDescription": {"text": f"{text} Found by schedguard's fuzzers."},
-                "defaultConfiguration": {"level": "error"},
-                "helpUri": TOOL_URI,
-            }
-        )
+    rules = [_sarif_rule(rid) for rid in sorted({_rule_id(f.cause) for f in rep.findings})]
     index = {r["id"]: i for i, r in enumerate(rules)}
-    results = []
-    for f in rep.findings:
-        rid = f"fuzz/{_rule_id(f.cause)}"
-        uri, line = _location(f, rep.source)
-        locations: list[dict[str, Any]] = [
-            {
-                "physicalLocation": {
-                    "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"},
-                    "region": {"startLine": line},
-                },
-                "message": {"text": "where the cost is spent (target entry point or crash frame)"},
-            }
-        ]
-        related = []
-        if f.path:
-            related.append(
-                {
-                    "id": 1,
-                    "physicalLocation": {"artifactLocation": {"uri": _relative(f.path)}},
-                    "message": {"text": "the minimised input, as a payload file"},
-                }
-            )
-        result: dict[str, Any] = {
-            "ruleId": rid,
-            "ruleIndex": index[rid],
-            "level": "error" if rep.fails_ci else "warning",
-            "message": {"text": f"{rep.target}: {_finding_text(f)}"},
-            "locations": locations,
-            "partialFingerprints": {
-                "schedguardCause/v1": hashlib.sha256(
-                    f"{rep.target}:{f.cause}".encode()
-                ).hexdigest()[:32]
-            },
-            "properties": {
-                "target": rep.target,
-                "engine": f.engine,
-                "cause": f.cause,
-                "size_bytes": f.size_bytes,
-                "cost": f.cost_after.to_dict(),
-                "cost_before_minimisation": f.cost_before.to_dict(),
-            },
-        }
-        if related:
-            result["relatedLocations"] = related
-        results.append(result)
     return {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
@@ -287,10 +230,64 @@ def to_sarif(rep: CampaignReport) -> dict[str, Any]:
                         "properties": {"execs": rep.execs, "duration_s": round(rep.duration_s, 3)},
                     }
                 ],
-                "results": results,
+                "results": [_sarif_result(rep, f, index) for f in rep.findings],
             }
         ],
     }
+
+
+def _sarif_rule(rid: str) -> dict[str, Any]:
+    name, text = _RULES.get(rid, ("ResourceExhaustion", f"Fuzz finding: {rid}"))
+    return {
+        "id": f"fuzz/{rid}",
+        "name": name,
+        "shortDescription": {"text": text},
+        "fullDescription": {"text": f"{text} Found by schedguard's fuzzers."},
+        "defaultConfiguration": {"level": "error"},
+        "helpUri": TOOL_URI,
+    }
+
+
+def _sarif_result(rep: CampaignReport, f: Finding, index: dict[str, int]) -> dict[str, Any]:
+    rid = f"fuzz/{_rule_id(f.cause)}"
+    uri, line = _location(f, rep.source)
+    result: dict[str, Any] = {
+        "ruleId": rid,
+        "ruleIndex": index[rid],
+        "level": "error" if rep.fails_ci else "warning",
+        "message": {"text": f"{rep.target}: {_finding_text(f)}"},
+        "locations": [
+            {
+                "physicalLocation": {
+                    "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"},
+                    "region": {"startLine": line},
+                },
+                "message": {"text": "where the cost is spent (target entry point or crash frame)"},
+            }
+        ],
+        "partialFingerprints": {
+            "schedguardCause/v1": hashlib.sha256(f"{rep.target}:{f.cause}".encode()).hexdigest()[
+                :32
+            ]
+        },
+        "properties": {
+            "target": rep.target,
+            "engine": f.engine,
+            "cause": f.cause,
+            "size_bytes": f.size_bytes,
+            "cost": f.cost_after.to_dict(),
+            "cost_before_minimisation": f.cost_before.to_dict(),
+        },
+    }
+    if f.path:
+        result["relatedLocations"] = [
+            {
+                "id": 1,
+                "physicalLocation": {"artifactLocation": {"uri": _relative(f.path)}},
+                "message": {"text": "the minimised input, as a payload file"},
+            }
+        ]
+    return result
 
 
 def _location(f: Finding, source: str) -> tuple[str, int]:

@@ -12,7 +12,6 @@ cheap to build; the cost it causes is the target's business.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +30,6 @@ __all__ = [
     "placeholder_templates",
     "placeholder_variables",
     "request_bodies",
-    "request_body_bytes",
     "scheduler_op",
     "scheduler_ops",
 ]
@@ -301,12 +299,6 @@ def json_bombs(*, max_depth: int = 20_000) -> SearchStrategy[bytes]:
         ),
         st.integers(1, 5000).map(lambda k: b'{"n":1' + b"0" * k + b"}"),
     )
-
-
-def request_body_bytes() -> SearchStrategy[bytes]:
-    """Request bodies as the bytes a client sends: valid JSON bodies mostly, parser bombs too."""
-    valid = request_bodies().map(lambda b: json.dumps(b, ensure_ascii=False).encode("utf-8"))
-    return st.one_of(valid, valid, valid, json_bombs())
 
 
 # ----------------------------------------------------------------- scheduler ops

@@ -39,15 +39,16 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
+
+from payloads._exceptions import GeneratorError
 
 __all__ = [
     "MAX_OUT_BYTES",
     "MAX_TIMES",
     "MAX_WORK_BYTES",
-    "GeneratorError",
     "Node",
     "RawJSON",
     "check_out",
@@ -67,11 +68,7 @@ MAX_TIMES = 1 << 26
 # Streaming operations emit at most this much at a time.
 _BLOCK = 64 << 10
 
-Kind = Literal["text", "bytes", "json"]
-
-
-class GeneratorError(ValueError):
-    """A spec is malformed or over a cap; the message names the operation."""
+NodeKind = Literal["text", "bytes", "json"]
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,7 @@ class Node:
     """
 
     op: str
-    kind: Kind
+    kind: NodeKind
     out: int
     esc: int
     work: int
@@ -125,7 +122,7 @@ def _args(value: Any, op: str, names: Sequence[str], required: Sequence[str]) ->
     return dict(value)
 
 
-def _node(op: str, kind: Kind, out: int, esc: int, work: int, *args: Any) -> Node:
+def _node(op: str, kind: NodeKind, out: int, esc: int, work: int, *args: Any) -> Node:
     # Intermediate values may be held while evaluating (a $b64 of a $png, say), so every node
     # is capped by the work cap; what is sent is capped by MAX_OUT_BYTES (see check_out).
     if work > MAX_WORK_BYTES or out > MAX_WORK_BYTES:
@@ -133,7 +130,7 @@ def _node(op: str, kind: Kind, out: int, esc: int, work: int, *args: Any) -> Nod
     return Node(op, kind, out, esc, work, args)
 
 
-def _need(node: Node, kinds: tuple[Kind, ...], where: str) -> Node:
+def _need(node: Node, kinds: tuple[NodeKind, ...], where: str) -> Node:
     if node.kind not in kinds:
         raise GeneratorError(f"{where} needs {' or '.join(kinds)}, got {node.kind} ({node.op})")
     return node
@@ -179,88 +176,129 @@ def _value_out(node: Node) -> int:
 
 
 def _parse_op(op: str, value: Any) -> Node:
-    if op == "$repeat":
-        a = _args(value, op, ("value", "times"), ("value", "times"))
-        inner = _need(parse_expr(a["value"]), ("text", "bytes"), "$repeat value")
-        times = _int(a["times"], "$repeat times")
-        return _node(
-            op,
-            inner.kind,
-            inner.out * times,
-            inner.esc * times,
-            inner.work + inner.out * times,
-            inner,
-            times,
-        )
-    if op == "$concat":
-        if not isinstance(value, list):
-            raise GeneratorError("$concat takes a list of parts")
-        parts = [_need(parse_expr(p), ("text", "bytes"), "$concat part") for p in value]
-        kind: Kind = "text" if all(p.kind == "text" for p in parts) else "bytes"
-        out = sum(p.out for p in parts)
-        esc = sum(p.esc for p in parts)
-        return _node(op, kind, out, esc, sum(p.work for p in parts) + out, tuple(parts))
-    if op == "$list":
-        a = _args(value, op, ("item", "times"), ("item", "times"))
-        item = _need(parse_expr(a["item"]), ("text", "json"), "$list item")
-        times = _int(a["times"], "$list times")
-        out = 2 + times * (_value_out(item) + 1)
-        return _node(op, "json", out, out, item.work + out, item, times)
-    if op == "$object":
-        a = _args(value, op, ("key_prefix", "times", "value"), ("times", "value"))
-        prefix = a.get("key_prefix", "k")
-        if not isinstance(prefix, str):
-            raise GeneratorError("$object key_prefix must be a string")
-        member = _need(parse_expr(a["value"]), ("text", "json"), "$object value")
-        times = _int(a["times"], "$object times")
-        per = _json_escaped_len(prefix) + len(str(times)) + 4 + _value_out(member)
-        out = 2 + times * per
-        return _node(op, "json", out, out, member.work + out, prefix, member, times)
-    if op == "$nest":
-        a = _args(value, op, ("depth", "key", "inner"), ("depth",))
-        depth = _int(a["depth"], "$nest depth")
-        key = a.get("key")
-        if key is not None and not isinstance(key, str):
-            raise GeneratorError("$nest key must be a string or null")
-        inner = _need(parse_expr(a.get("inner")), ("text", "json"), "$nest inner")
-        opener = b"[" if key is None else json.dumps(key, ensure_ascii=False).encode() + b":"
-        per = len(opener) + (0 if key is None else 1) + 1
-        out = depth * per + _value_out(inner)
-        return _node(op, "json", out, out, inner.work + out, key, depth, inner)
-    if op == "$json":
-        inner = _need(parse_expr(value), ("text", "json"), "$json")
-        out = _value_out(inner)
-        # Escaping JSON text again at most doubles it (quotes and backslashes).
-        return _node(op, "text", out, 2 * out, inner.work + out, inner)
-    if op == "$raw_json":
-        inner = _need(parse_expr(value), ("text", "bytes"), "$raw_json")
-        return _node(op, "json", inner.out, inner.out, inner.work + inner.out, inner)
-    if op == "$hex":
-        if not isinstance(value, str):
-            raise GeneratorError("$hex takes a string of hex digits")
-        try:
-            data = binascii.unhexlify("".join(value.split()))
-        except (binascii.Error, ValueError) as exc:
-            raise GeneratorError(f"$hex: {exc}") from None
-        return _node(op, "bytes", len(data), 4 * len(data), len(data), data)
-    if op == "$b64":
-        inner = _need(parse_expr(value), ("text", "bytes"), "$b64")
-        out = 4 * math.ceil(inner.out / 3)
-        return _node(op, "text", out, out, inner.work + out, inner)
-    if op == "$gzip":
-        inner = _need(parse_expr(value), ("text", "bytes"), "$gzip")
-        # zlib's deflateBound plus the gzip header and trailer: sound for any input.
-        out = inner.out + (inner.out >> 12) + (inner.out >> 14) + (inner.out >> 25) + 13 + 18
-        return _node(op, "bytes", out, 4 * out, inner.work + out, inner)
-    if op == "$png":
-        a = _args(value, op, ("width", "height", "rows"), ("width", "height"))
-        width = _int(a["width"], "$png width", low=1, high=2**31 - 1)
-        height = _int(a["height"], "$png height", low=1, high=2**31 - 1)
-        rows = _int(a.get("rows", height), "$png rows", low=0, high=height)
-        raw = rows * (1 + math.ceil(width / 8))
-        out = raw + (raw >> 12) + (raw >> 14) + (raw >> 25) + 13 + 57
-        return _node(op, "bytes", out, 4 * out, raw + out, width, height, rows)
-    raise GeneratorError(f"unknown operation {op!r}")
+    parse = _OPS.get(op)
+    if parse is None:
+        raise GeneratorError(f"unknown operation {op!r}")
+    return parse(op, value)
+
+
+def _op_repeat(op: str, value: Any) -> Node:
+    a = _args(value, op, ("value", "times"), ("value", "times"))
+    inner = _need(parse_expr(a["value"]), ("text", "bytes"), "$repeat value")
+    times = _int(a["times"], "$repeat times")
+    return _node(
+        op,
+        inner.kind,
+        inner.out * times,
+        inner.esc * times,
+        inner.work + inner.out * times,
+        inner,
+        times,
+    )
+
+
+def _op_concat(op: str, value: Any) -> Node:
+    if not isinstance(value, list):
+        raise GeneratorError("$concat takes a list of parts")
+    parts = [_need(parse_expr(p), ("text", "bytes"), "$concat part") for p in value]
+    kind: NodeKind = "text" if all(p.kind == "text" for p in parts) else "bytes"
+    out = sum(p.out for p in parts)
+    esc = sum(p.esc for p in parts)
+    return _node(op, kind, out, esc, sum(p.work for p in parts) + out, tuple(parts))
+
+
+def _op_list(op: str, value: Any) -> Node:
+    a = _args(value, op, ("item", "times"), ("item", "times"))
+    item = _need(parse_expr(a["item"]), ("text", "json"), "$list item")
+    times = _int(a["times"], "$list times")
+    out = 2 + times * (_value_out(item) + 1)
+    return _node(op, "json", out, out, item.work + out, item, times)
+
+
+def _op_object(op: str, value: Any) -> Node:
+    a = _args(value, op, ("key_prefix", "times", "value"), ("times", "value"))
+    prefix = a.get("key_prefix", "k")
+    if not isinstance(prefix, str):
+        raise GeneratorError("$object key_prefix must be a string")
+    member = _need(parse_expr(a["value"]), ("text", "json"), "$object value")
+    times = _int(a["times"], "$object times")
+    per = _json_escaped_len(prefix) + len(str(times)) + 4 + _value_out(member)
+    out = 2 + times * per
+    return _node(op, "json", out, out, member.work + out, prefix, member, times)
+
+
+def _op_nest(op: str, value: Any) -> Node:
+    a = _args(value, op, ("depth", "key", "inner"), ("depth",))
+    depth = _int(a["depth"], "$nest depth")
+    key = a.get("key")
+    if key is not None and not isinstance(key, str):
+        raise GeneratorError("$nest key must be a string or null")
+    inner = _need(parse_expr(a.get("inner")), ("text", "json"), "$nest inner")
+    opener = b"[" if key is None else json.dumps(key, ensure_ascii=False).encode() + b":"
+    per = len(opener) + (0 if key is None else 1) + 1
+    out = depth * per + _value_out(inner)
+    return _node(op, "json", out, out, inner.work + out, key, depth, inner)
+
+
+def _op_json(op: str, value: Any) -> Node:
+    inner = _need(parse_expr(value), ("text", "json"), "$json")
+    out = _value_out(inner)
+    # Escaping JSON text again at most doubles it (quotes and backslashes).
+    return _node(op, "text", out, 2 * out, inner.work + out, inner)
+
+
+def _op_raw_json(op: str, value: Any) -> Node:
+    inner = _need(parse_expr(value), ("text", "bytes"), "$raw_json")
+    return _node(op, "json", inner.out, inner.out, inner.work + inner.out, inner)
+
+
+def _op_hex(op: str, value: Any) -> Node:
+    if not isinstance(value, str):
+        raise GeneratorError("$hex takes a string of hex digits")
+    try:
+        data = binascii.unhexlify("".join(value.split()))
+    except (binascii.Error, ValueError) as exc:
+        raise GeneratorError(f"$hex: {exc}") from None
+    return _node(op, "bytes", len(data), 4 * len(data), len(data), data)
+
+
+def _op_b64(op: str, value: Any) -> Node:
+    inner = _need(parse_expr(value), ("text", "bytes"), "$b64")
+    out = 4 * math.ceil(inner.out / 3)
+    return _node(op, "text", out, out, inner.work + out, inner)
+
+
+def _op_gzip(op: str, value: Any) -> Node:
+    inner = _need(parse_expr(value), ("text", "bytes"), "$gzip")
+    # zlib's deflateBound plus the gzip header and trailer: sound for any input.
+    out = inner.out + (inner.out >> 12) + (inner.out >> 14) + (inner.out >> 25) + 13 + 18
+    return _node(op, "bytes", out, 4 * out, inner.work + out, inner)
+
+
+def _op_png(op: str, value: Any) -> Node:
+    a = _args(value, op, ("width", "height", "rows"), ("width", "height"))
+    width = _int(a["width"], "$png width", low=1, high=2**31 - 1)
+    height = _int(a["height"], "$png height", low=1, high=2**31 - 1)
+    rows = _int(a.get("rows", height), "$png rows", low=0, high=height)
+    raw = rows * (1 + math.ceil(width / 8))
+    out = raw + (raw >> 12) + (raw >> 14) + (raw >> 25) + 13 + 57
+    return _node(op, "bytes", out, 4 * out, raw + out, width, height, rows)
+
+
+# Each operation's parser: checks its arguments and computes its node's bounds.
+_OPS: dict[str, Callable[[str, Any], Node]] = {
+    "$repeat": _op_repeat,
+    "$concat": _op_concat,
+    "$list": _op_list,
+    "$object": _op_object,
+    "$nest": _op_nest,
+    "$json": _op_json,
+    "$raw_json": _op_raw_json,
+    "$hex": _op_hex,
+    "$b64": _op_b64,
+    "$gzip": _op_gzip,
+    "$png": _op_png,
+}
 
 
 # ---- materialising ---------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from typing import Any, Literal, get_args
 
 import yaml
 
-from payloads import _generate as gen
+import payloads._generate as gen
+from payloads._exceptions import GeneratorError, PayloadError
 
 __all__ = [
     "BENIGN",
@@ -35,13 +36,14 @@ __all__ = [
     "DEFAULT_ROOT",
     "LAYERS",
     "OUTCOMES",
-    "Cost",
     "Expect",
-    "Finding",
-    "Kind",
+    "FindingCost",
+    "FindingMetadata",
     "Payload",
-    "PayloadError",
+    "PayloadKind",
+    "PayloadSource",
     "ProfileNotes",
+    "ProfileOutcome",
     "Transport",
     "load_corpus",
     "load_payload",
@@ -64,13 +66,13 @@ CLASSES: tuple[str, ...] = (
     "volume",
 )
 BENIGN = "benign"
-Kind = Literal["attack", "benign", "all"]
+PayloadKind = Literal["attack", "benign", "all"]
 Layer = Literal["pipeline", "http"]
 LAYERS: tuple[str, ...] = get_args(Layer)
-Source = Literal["curated", "fuzz"]
+PayloadSource = Literal["curated", "fuzz"]
 # What a reference-scheduler profile does with a payload sent straight to it (no guard).
-Outcome = Literal["exhausted", "degraded", "served", "rejected", "unsupported"]
-OUTCOMES: tuple[str, ...] = get_args(Outcome)
+ProfileOutcome = Literal["exhausted", "degraded", "served", "rejected", "unsupported"]
+OUTCOMES: tuple[str, ...] = get_args(ProfileOutcome)
 # Cost fields a finding may record (before and after minimisation); all numbers.
 COST_METRICS = frozenset(
     {
@@ -117,10 +119,6 @@ _FIELDS = frozenset(
 _BODY_FIELDS = ("body", "body_text", "body_b64")
 
 
-class PayloadError(ValueError):
-    """A payload file is malformed; the message names the file and the field."""
-
-
 @dataclass(frozen=True)
 class Expect:
     """What the guard answers under its default policy: ``code`` is ``None`` for benign payloads
@@ -141,8 +139,8 @@ class Expect:
 class ProfileNotes:
     """What each reference-scheduler profile does with the payload when no guard is in front."""
 
-    vulnerable: Outcome | None = None
-    hardened: Outcome | None = None
+    vulnerable: ProfileOutcome | None = None
+    hardened: ProfileOutcome | None = None
     note: str = ""
 
 
@@ -158,8 +156,9 @@ class Transport:
 
 
 @dataclass(frozen=True)
-class Finding:
-    """Where a fuzz finding came from. ``cause`` is the deduplication key."""
+class FindingMetadata:
+    """A saved fuzz finding's ``found`` record: which fuzzer found it on which target, and
+    when. ``cause`` is the deduplication key."""
 
     target: str
     engine: str
@@ -170,8 +169,9 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class Cost:
-    """Measured cost of a finding before and after minimisation (keys from COST_METRICS)."""
+class FindingCost:
+    """A saved fuzz finding's ``cost`` record: what it cost the target before and after
+    minimisation (keys from COST_METRICS); a replay is expected to cost about ``after``."""
 
     before: Mapping[str, float]
     after: Mapping[str, float]
@@ -211,9 +211,9 @@ class Payload:
     path: Path
     size_bound: int
     transport: Transport | None = None
-    source: Source = "curated"
-    finding: Finding | None = None
-    cost: Cost | None = None
+    source: PayloadSource = "curated"
+    finding: FindingMetadata | None = None
+    cost: FindingCost | None = None
     tags: tuple[str, ...] = ()
     header_bound: int = 0
     _body: _BodySpec = field(default=_BodySpec("bytes"), repr=False)
@@ -333,7 +333,7 @@ def _generated_headers(r: _Reader, spec: Any) -> tuple[tuple[_HeaderSpec, ...], 
             raise r.fail(where, "count must be an integer from 1 to 1000000")
         try:
             node = gen.parse_expr(item.get("value", ""))
-        except gen.GeneratorError as exc:
+        except GeneratorError as exc:
             raise r.fail(where, str(exc)) from None
         if node.kind == "json":
             raise r.fail(where, "a header value must be text or bytes")
@@ -341,7 +341,7 @@ def _generated_headers(r: _Reader, spec: Any) -> tuple[tuple[_HeaderSpec, ...], 
         bound += count * (len(name) + len(str(count)) + 1 + node.out + 4)
     try:
         gen.check_out(bound, "generator.headers")
-    except gen.GeneratorError as exc:
+    except GeneratorError as exc:
         raise r.fail("generator.headers", str(exc)) from None
     return tuple(out), bound
 
@@ -372,7 +372,7 @@ def _body(r: _Reader) -> tuple[_BodySpec, int, bool, tuple[_HeaderSpec, ...], in
         mode, spec = gen_body
         try:
             node = gen.parse_expr(spec)
-        except gen.GeneratorError as exc:
+        except GeneratorError as exc:
             raise r.fail(f"generator.{mode}", str(exc)) from None
         if mode == "json":
             if node.kind == "bytes":
@@ -383,7 +383,7 @@ def _body(r: _Reader) -> tuple[_BodySpec, int, bool, tuple[_HeaderSpec, ...], in
             body, bound, raw = _BodySpec("bytes_node", node=node), node.out, True
         try:
             gen.check_out(bound, f"generator.{mode}")
-        except gen.GeneratorError as exc:
+        except GeneratorError as exc:
             raise r.fail(f"generator.{mode}", str(exc)) from None
         return body, bound, raw, headers, header_bound
     name = given[0]
@@ -477,7 +477,7 @@ def _cost_side(r: _Reader, name: str, value: Any) -> Mapping[str, float]:
     return MappingProxyType(out)
 
 
-def _found(r: _Reader, source: str) -> tuple[Finding | None, Cost | None]:
+def _found(r: _Reader, source: str) -> tuple[FindingMetadata | None, FindingCost | None]:
     found, cost = r.data.get("found"), r.data.get("cost")
     if source == "curated":
         if found is not None or cost is not None:
@@ -502,8 +502,10 @@ def _found(r: _Reader, source: str) -> tuple[Finding | None, Cost | None]:
     if "before" not in c or "after" not in c:
         raise r.fail("cost", "needs before and after")
     return (
-        Finding(f["target"], f["engine"], f["cause"], seed, found_at, minimised),
-        Cost(_cost_side(r, "cost.before", c["before"]), _cost_side(r, "cost.after", c["after"])),
+        FindingMetadata(f["target"], f["engine"], f["cause"], seed, found_at, minimised),
+        FindingCost(
+            _cost_side(r, "cost.before", c["before"]), _cost_side(r, "cost.after", c["after"])
+        ),
     )
 
 
@@ -522,7 +524,7 @@ def parse_payload(data: Any, path: Path) -> Payload:
     if class_ not in CLASSES and class_ != BENIGN:
         raise r.fail("class", f"unknown class {class_!r}; one of {', '.join(CLASSES)} or benign")
     source = data.get("source", "curated")
-    if source not in get_args(Source):
+    if source not in get_args(PayloadSource):
         raise r.fail("source", "must be curated or fuzz")
     endpoint = r.str("endpoint")
     if not endpoint.startswith("/"):
@@ -601,7 +603,7 @@ def load_corpus(
     root: Path | None = None,
     *,
     classes: Iterable[str] | None = None,
-    kind: Kind = "all",
+    kind: PayloadKind = "all",
     include_found: bool = True,
 ) -> list[Payload]:
     """Every payload under ``root`` (default: this package's directory), sorted by path.

@@ -1,4 +1,8 @@
-"""Save a fuzz finding as a payload file under ``found/<target>/`` in the corpus format.
+"""Save a fuzz finding as a payload file under ``<root>/found/<target>/`` in the corpus format.
+
+The root is always the caller's: a campaign saves under its output directory unless asked to
+add to a corpus (``--found-root payloads`` for this package's own), never into an installed
+package by default.
 
 The body is stored exactly: as ``body_text`` when it is UTF-8 that YAML round-trips, otherwise
 as ``body_b64``. The file is read back through the loader before it is kept, so a finding that
@@ -17,15 +21,8 @@ from typing import Any
 
 import yaml
 
-from payloads.loader import (
-    BENIGN,
-    CLASSES,
-    DEFAULT_ROOT,
-    Payload,
-    PayloadError,
-    load_payload,
-    parse_payload,
-)
+from payloads._exceptions import PayloadError
+from payloads.loader import BENIGN, CLASSES, Payload, load_payload, parse_payload
 
 __all__ = ["finding_id", "save_found"]
 
@@ -66,19 +63,19 @@ def save_found(
     expect_status: int = 400,
     expect_code: str | None = None,
     references: Sequence[str] = (),
-    root: Path | None = None,
+    root: Path,
     payload_id: str | None = None,
     overwrite: bool = False,
 ) -> Payload:
-    """Write ``found/<target>/<id>.yaml`` and return it loaded. An existing file with the same id
-    (the same body) is kept unless ``overwrite``; raises :class:`PayloadError` when the record
-    is invalid (nothing is written then)."""
+    """Write ``<root>/found/<target>/<id>.yaml`` and return it loaded. An existing file with
+    the same id (the same body) is kept unless ``overwrite``; raises :class:`PayloadError` when
+    the record is invalid (nothing is written then)."""
     if not _TARGET.fullmatch(target):
         raise PayloadError(f"target {target!r}: lowercase letters, digits, '_' and '-' only")
     if class_ not in CLASSES or class_ == BENIGN:
         raise PayloadError(f"class {class_!r}: one of {', '.join(CLASSES)}")
     pid = payload_id or finding_id(target, body)
-    directory = (DEFAULT_ROOT if root is None else Path(root)) / "found" / target
+    directory = Path(root) / "found" / target
     path = directory / f"{pid}.yaml"
     if path.exists() and not overwrite:
         return load_payload(path)

@@ -179,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from fuzz.campaign import replay_paths
     from fuzz.targets import FAILS_CI, get_target
-    from payloads.loader import PayloadError
+    from payloads import PayloadError
 
     try:
         results = replay_paths(args.paths, args.target)

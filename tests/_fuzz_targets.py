@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from fuzz.targets._base import Budgets, Cost
+from fuzz.targets import Budgets, Cost
 from fuzz.targets._common import TargetBase
 from guard.errors import GuardError
 

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from fuzz._worker import RawResult, Status
+from fuzz._worker import ExecStatus, RawResult
 from fuzz.findings import FindingSet, cause_of, record
 from fuzz.minimize import MinimiseStats, ddmin
 from fuzz.oracle import Oracle, classify
-from fuzz.targets import REGISTRY, get_target
-from fuzz.targets._base import Budgets, Cost
+from fuzz.targets import REGISTRY, Budgets, Cost, get_target
 
 COMMANDS = "tests._fuzz_targets:Commands"
 
@@ -98,11 +97,11 @@ def test_in_process_oracle() -> None:
 
 def test_classify_precedence_and_cost_per_byte() -> None:
     b = Budgets(wall_s=1.0, mem_bytes=1 << 20, steps=100, cost_per_byte=0.5)
-    raw = RawResult(Status.REJECTED, 0.01, 0.01, 2 << 20, 1000, 0, "GuardError", "m", None, "c")
+    raw = RawResult(ExecStatus.REJECTED, 0.01, 0.01, 2 << 20, 1000, 0, "GuardError", "m", None, "c")
     assert classify(raw, b, 10).where == "budget:mem_bytes"  # a slow rejection is a finding
-    raw = RawResult(Status.OK, 2.0, 0.01, 0, 0, 0)
+    raw = RawResult(ExecStatus.OK, 2.0, 0.01, 0, 0, 0)
     assert classify(raw, b, 10).verdict == "ok"  # wall time alone (machine busy) is not
-    raw = RawResult(Status.OK, 0.05, 0.05, 0, 0, 0)  # 50 ms for a small input
+    raw = RawResult(ExecStatus.OK, 0.05, 0.05, 0, 0, 0)  # 50 ms for a small input
     out = classify(raw, b, 10)
     assert out.verdict == "cost_per_byte" and cause_of(out) == "cost_per_byte"
     assert classify(raw, b, 1000).verdict == "ok"  # the same over 1000 bytes is fine
@@ -130,7 +129,7 @@ def test_record_minimises_dedups_and_saves(tmp_path: Path) -> None:
         data = b"xa" * 150
         out = o.run(data)
         assert out.verdict == "budget" and cause_of(out) == "budget:steps"
-        f = record(target, data, out, "test", oracle=o, seen=seen, found_after_s=1.0, save=False)
+        f = record(target, data, out, "test", oracle=o, seen=seen, found_after_s=1.0)
         assert f is not None and f.data == b"a" * 101 and f.minimised
         assert f.cost_before.steps == 150 * 150 and f.cost_after.steps == 101 * 101
         # The same cause again is a duplicate, whatever the input.
@@ -144,7 +143,7 @@ def test_record_minimises_dedups_and_saves(tmp_path: Path) -> None:
 
 def test_record_saves_a_payload_that_replays(tmp_path: Path) -> None:
     from fuzz.campaign import replay_paths
-    from payloads.loader import load_payload
+    from payloads import load_payload
 
     target = get_target("placeholder-hardened")
     seen = FindingSet()

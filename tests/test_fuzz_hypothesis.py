@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from fuzz import EngineRun, Oracle, Outcome, Progress, RunOptions
 from fuzz import strategies as grammar
 from fuzz.engines import hypothesis_engine as he
-from fuzz.findings import Progress
-from fuzz.oracle import Oracle, Outcome
 from fuzz.targets import REGISTRY, get_target
 from fuzz.targets.gateway import split_request
 from fuzz.targets.templates import split_placeholder_input
@@ -122,16 +121,13 @@ def test_fuzz_one_input_runs_the_property_on_raw_bytes() -> None:
 def test_campaign_on_hardened_target_reports_execs_and_no_finding(tmp_path: Path) -> None:
     name = "chat-template-hardened"
     progress: list[Progress] = []
-    result = he.run_engine(
+    run = EngineRun(
         get_target(name),
         lambda: Oracle(name, isolate=False),
-        duration_s=3,
-        out_dir=tmp_path,
-        seed=5,
-        save=False,
-        round_examples=100,
+        RunOptions(duration_s=3, out_dir=tmp_path, seed=5),
         on_progress=progress.append,
     )
+    result = he.run_engine(run, round_examples=100)
     assert result.findings == [] and result.time_to_first_finding_s is None
     assert result.execs > 10 and result.extra["rounds"] >= 1
     assert result.best_cost_over_time and result.best_cost_over_time[-1][1] > 0
@@ -140,16 +136,12 @@ def test_campaign_on_hardened_target_reports_execs_and_no_finding(tmp_path: Path
 
 def test_campaign_on_vulnerable_target_finds_and_minimises(tmp_path: Path) -> None:
     name = "placeholder-vulnerable"
-    result = he.run_engine(
+    run = EngineRun(
         get_target(name),
         lambda: Oracle(name),  # the limited worker: this target exhausts memory and time
-        duration_s=25,
-        out_dir=tmp_path,
-        seed=1,
-        save=False,
-        minimise_s=5,
-        stop_on_first=True,
+        RunOptions(duration_s=25, out_dir=tmp_path, seed=1, minimise_s=5, stop_on_first=True),
     )
+    result = he.run_engine(run)
     assert result.findings, result.extra
     finding = result.findings[0]
     assert finding.engine == "hypothesis" and finding.outcome.is_finding

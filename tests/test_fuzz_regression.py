@@ -11,7 +11,7 @@ import pytest
 
 from fuzz.campaign import replay_file
 from fuzz.oracle import Oracle
-from payloads.loader import DEFAULT_ROOT
+from payloads import DEFAULT_ROOT
 
 FILES = sorted(DEFAULT_ROOT.rglob("*.yaml"))
 SAFE_TARGETS = ("placeholder-hardened", "chat-template-hardened", "guard-pipeline", "guard-app")

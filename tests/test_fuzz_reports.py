@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.findings import EngineResult, Finding
-from fuzz.oracle import Outcome
-from fuzz.report import CampaignReport, render_svg, to_sarif, write_reports
-from fuzz.targets._base import Cost
+from fuzz import CampaignReport, Cost, EngineResult, Finding, Outcome, write_reports
+from fuzz.report import render_svg, to_sarif
 from schedguard.cli import main
 
 
@@ -134,7 +132,7 @@ def test_cli_run_writes_reports_and_gates(tmp_path: Path) -> None:
 
 
 def test_cli_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from payloads.loader import DEFAULT_ROOT
+    from payloads import DEFAULT_ROOT
 
     seed = DEFAULT_ROOT / "attacks" / "nested_prompt_template" / "npt-seed.yaml"
     assert main(["fuzz", "replay", str(seed), "--target", "placeholder-hardened", "--json"]) == 0

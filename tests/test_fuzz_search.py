@@ -5,11 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from fuzz.findings import FindingSet, Progress
-from fuzz.oracle import Oracle
-from fuzz.search import CostQueue, Entry, run_search
-from fuzz.targets import get_target
-from fuzz.targets._base import Cost
+from fuzz import Cost, EngineRun, FindingSet, Oracle, Progress, RunOptions, get_target
+from fuzz.engines.search_engine import CostQueue, Entry, run_engine
 
 
 def test_queue_keeps_the_costliest_and_the_densest() -> None:
@@ -34,14 +31,13 @@ def test_queue_keeps_the_costliest_and_the_densest() -> None:
 def test_search_climbs_to_a_minimised_budget_finding() -> None:
     target = get_target("tests._fuzz_targets:Squares")
     seen: list[Progress] = []
-    result = run_search(
-        target,
-        lambda: Oracle(target.name, isolate=False),
-        duration_s=4.0,
-        seed=3,
-        on_progress=seen.append,
-        save=False,
-        minimise_s=2.0,
+    result = run_engine(
+        EngineRun(
+            target,
+            lambda: Oracle(target.name, isolate=False),
+            RunOptions(duration_s=4.0, seed=3, minimise_s=2.0),
+            on_progress=seen.append,
+        )
     )
     assert result.execs > 100 and result.time_to_first_finding_s is not None
     [finding] = result.findings
@@ -55,14 +51,13 @@ def test_search_finds_the_vulnerable_placeholder_engine(tmp_path: Path) -> None:
     budget within seconds (the 60 s proof campaign is bench/fuzz_proof.py)."""
     target = get_target("placeholder-vulnerable")
     findings = FindingSet()
-    result = run_search(
-        target,
-        lambda: Oracle(target.name, isolate=True),
-        duration_s=12.0,
-        seed=2,
-        findings=findings,
-        save_root=tmp_path,
-        minimise_s=3.0,
+    result = run_engine(
+        EngineRun(
+            target,
+            lambda: Oracle(target.name, isolate=True),
+            RunOptions(duration_s=12.0, seed=2, save_root=tmp_path, minimise_s=3.0),
+            findings=findings,
+        )
     )
     assert result.findings, f"no finding in {result.execs} execs"
     f = result.findings[0]
@@ -72,12 +67,10 @@ def test_search_finds_the_vulnerable_placeholder_engine(tmp_path: Path) -> None:
 
 def test_search_finds_nothing_on_the_hardened_engine() -> None:
     target = get_target("placeholder-hardened")
-    result = run_search(
-        target,
-        lambda: Oracle(target.name, isolate=True),
-        duration_s=4.0,
-        seed=1,
-        save=False,
+    result = run_engine(
+        EngineRun(
+            target, lambda: Oracle(target.name, isolate=True), RunOptions(duration_s=4.0, seed=1)
+        )
     )
     assert result.execs > 1000
     assert not result.findings, [f.to_dict() for f in result.findings]

@@ -23,10 +23,19 @@ from typing import Any
 import pytest
 import yaml
 
-from payloads import BENIGN, CLASSES, PayloadError, load_corpus, load_payload
+from payloads import (
+    BENIGN,
+    CLASSES,
+    DEFAULT_ROOT,
+    GeneratorError,
+    PayloadError,
+    finding_id,
+    load_corpus,
+    load_payload,
+    parse_payload,
+    save_found,
+)
 from payloads import _generate as gen
-from payloads.loader import DEFAULT_ROOT, parse_payload
-from payloads.writer import finding_id, save_found
 
 REPO = Path(__file__).resolve().parent.parent
 THREATS = (REPO / "docs" / "THREATS.md").read_text(encoding="utf-8")
@@ -380,12 +389,12 @@ def test_raw_json_and_nest_mark_raw_only_when_spliced() -> None:
     ],
 )
 def test_generator_errors(spec: Any, message: str) -> None:
-    with pytest.raises(gen.GeneratorError, match=message):
+    with pytest.raises(GeneratorError, match=message):
         gen.parse_expr(spec)
 
 
 def test_out_cap_is_checked_before_building() -> None:
-    with pytest.raises(gen.GeneratorError, match="cap"):
+    with pytest.raises(GeneratorError, match="cap"):
         gen.check_out(gen.parse_expr({"$repeat": ["abcdefgh", 9 << 20]}).out, "body")
 
 

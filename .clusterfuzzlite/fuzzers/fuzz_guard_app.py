@@ -9,7 +9,7 @@ import sys
 
 import atheris  # noqa: F401 (bundled by PyInstaller with the harness)
 
-from fuzz.engines.atheris_engine import harness_main
+from fuzz.engines.atheris_harness import harness_main
 
 if __name__ == "__main__":
     harness_main("guard-app", sys.argv, mode="cost")

@@ -1,30 +1,36 @@
-"""The engine registry: engine name -> run function.
+"""The fuzz engines and their registry: engine name -> run function.
 
-Every engine has the signature of :class:`EngineFn` (the campaign calls it the same way for all):
-``search`` (cost-guided hill climbing, :mod:`fuzz.search`), ``atheris`` (libFuzzer with the cost
-fed back as coverage, :mod:`fuzz.engines.atheris_engine`) and ``hypothesis`` (grammar strategies
-with ``target()`` on the cost, :mod:`fuzz.engines.hypothesis_engine`).
+Every engine is called the same way (:class:`EngineFn`): with an :class:`EngineRun`, the run
+context that holds the target, the oracle factory, the options, the progress events and the
+findings, and returns the :class:`EngineResult` the run builds. Engine-specific keywords may
+follow (atheris' ``mode``, hypothesis' ``round_examples``). The engines: ``search``
+(cost-guided hill climbing, :mod:`fuzz.engines.search_engine`), ``atheris`` (libFuzzer with
+the cost fed back as coverage, :mod:`fuzz.engines.atheris_engine`) and ``hypothesis`` (grammar
+strategies with ``target()`` on the cost, :mod:`fuzz.engines.hypothesis_engine`).
 
-Engine modules are imported when first asked for, not here: the atheris harness imports this
-package before it starts instrumenting, so nothing of the targets may be imported by it.
+This module imports no engine, target or oracle: the atheris harness imports this package
+before it starts instrumenting, so engine modules are imported when first asked for and the run
+context's names resolve on first use.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fuzz._exceptions import EngineUnavailable
+
 if TYPE_CHECKING:
-    from fuzz.findings import EngineResult, FindingSet, Progress
-    from fuzz.oracle import Oracle
-    from fuzz.targets._base import Target
+    from fuzz.engines._run import EngineResult, EngineRun, Progress, RunOptions
 
 __all__ = [
     "ENGINE_NAMES",
     "EngineFn",
+    "EngineResult",
+    "EngineRun",
     "EngineUnavailable",
+    "Progress",
+    "RunOptions",
     "available_engines",
     "get_engine",
     "register",
@@ -32,34 +38,9 @@ __all__ = [
 
 
 class EngineFn(Protocol):
-    """Run one engine on one target for ``duration_s`` seconds and report what it found.
+    """Run one engine for the run's duration and report what it found."""
 
-    ``oracle_factory`` makes the oracle that judges (and minimises) findings; ``findings`` is
-    the campaign's shared, deduplicating set; ``save``/``save_root`` say where payload files go;
-    ``out_dir`` is the engine's scratch space (corpora, logs, databases). Engines accept and
-    ignore keyword arguments they do not know.
-    """
-
-    def __call__(
-        self,
-        target: Target,
-        oracle_factory: Callable[[], Oracle],
-        *,
-        duration_s: float,
-        jobs: int = 1,
-        out_dir: Path | None = None,
-        seed: int | None = None,
-        on_progress: Callable[[Progress], None] | None = None,
-        findings: FindingSet | None = None,
-        save_root: Path | None = None,
-        save: bool = True,
-        minimise_s: float = 20.0,
-        **kwargs: Any,
-    ) -> EngineResult: ...
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine exists but cannot run here (e.g. atheris is not installed)."""
+    def __call__(self, run: EngineRun, /) -> EngineResult: ...
 
 
 # name -> module that defines ``run_engine`` (or calls :func:`register`).
@@ -70,6 +51,15 @@ _MODULES: dict[str, str] = {
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(_MODULES)
 _REGISTERED: dict[str, EngineFn] = {}
+_RUN_NAMES = frozenset({"EngineResult", "EngineRun", "Progress", "RunOptions"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RUN_NAMES:
+        from fuzz.engines import _run
+
+        return getattr(_run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(name: str, fn: EngineFn, *, module: str | None = None) -> None:

@@ -2,7 +2,7 @@
 
 ClusterFuzzLite (OSS-Fuzz's CI flavour) builds ``.clusterfuzzlite/build.sh`` in the
 ``base-builder-python`` image and runs each harness under libFuzzer for long campaigns. The
-harnesses are the atheris engine's own (:func:`fuzz.engines.atheris_engine.harness_main`, cost
+harnesses are the atheris engine's own (:func:`fuzz.engines.atheris_harness.harness_main`, cost
 mode: a crossed budget is a crash, and libFuzzer's ``-timeout`` reports hangs), so a finding
 there is a finding here. Generated, per target:
 
@@ -22,8 +22,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from fuzz.engines.atheris_engine import DICTIONARY_DIR, PROJECT_ROOT, dictionary_text
-from fuzz.targets._base import Target
+from fuzz.engines._libfuzzer import DICTIONARY_DIR, PROJECT_ROOT, dictionary_text
+from fuzz.targets import FuzzTarget
 
 __all__ = [
     "CFL_DIR",
@@ -57,7 +57,7 @@ def fuzzer_name(target_name: str) -> str:
     return "fuzz_" + target_name.replace("-", "_")
 
 
-def fuzzer_source(target: Target) -> str:
+def fuzzer_source(target: FuzzTarget) -> str:
     return f'''#!/usr/bin/env python3
 """ClusterFuzzLite harness for the {target.name} fuzz target ({target.kind}).
 
@@ -69,14 +69,14 @@ import sys
 
 import atheris  # noqa: F401 (bundled by PyInstaller with the harness)
 
-from fuzz.engines.atheris_engine import harness_main
+from fuzz.engines.atheris_harness import harness_main
 
 if __name__ == "__main__":
     harness_main("{target.name}", sys.argv, mode="cost")
 '''
 
 
-def fuzzer_options(target: Target) -> str:
+def fuzzer_options(target: FuzzTarget) -> str:
     """libFuzzer options: the hard timeout and RSS cap above the budgets (the harness itself
     calls a finding at the budgets), the dictionary, the input size."""
     b = target.budgets
@@ -93,7 +93,7 @@ def fuzzer_options(target: Target) -> str:
     )
 
 
-def build_script(targets: Iterable[Target]) -> str:
+def build_script(targets: Iterable[FuzzTarget]) -> str:
     ordered = sorted(targets, key=lambda t: t.name)
     gated = [t for t in ordered if t.kind != "vulnerable"]
     vulnerable = [t for t in ordered if t.kind == "vulnerable"]
@@ -128,7 +128,7 @@ def build_script(targets: Iterable[Target]) -> str:
 
 
 def layout_files(
-    targets: Iterable[Target], root: Path = PROJECT_ROOT
+    targets: Iterable[FuzzTarget], root: Path = PROJECT_ROOT
 ) -> dict[Path, tuple[str, bool]]:
     """path -> (content, executable) for every generated file."""
     targets = list(targets)
@@ -143,13 +143,15 @@ def layout_files(
     return files
 
 
-def _registry() -> list[Target]:
+def _registry() -> list[FuzzTarget]:
     from fuzz.targets import REGISTRY
 
     return list(REGISTRY.values())
 
 
-def write_layout(root: Path = PROJECT_ROOT, targets: Iterable[Target] | None = None) -> list[Path]:
+def write_layout(
+    root: Path = PROJECT_ROOT, targets: Iterable[FuzzTarget] | None = None
+) -> list[Path]:
     """Write the generated files that are missing or stale; return those written. Harnesses of
     targets no longer registered are removed."""
     files = layout_files(_registry() if targets is None else targets, root)
@@ -169,7 +171,9 @@ def write_layout(root: Path = PROJECT_ROOT, targets: Iterable[Target] | None = N
     return written
 
 
-def check_layout(root: Path = PROJECT_ROOT, targets: Iterable[Target] | None = None) -> list[str]:
+def check_layout(
+    root: Path = PROJECT_ROOT, targets: Iterable[FuzzTarget] | None = None
+) -> list[str]:
     """Problems with the committed layout (empty when it matches the registry)."""
     files = layout_files(_registry() if targets is None else targets, root)
     problems = []

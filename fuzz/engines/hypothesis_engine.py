@@ -8,11 +8,12 @@ to a callback. The same property serves three drivers:
 
 - pytest: the callback asserts "no finding" and Hypothesis shrinks a counterexample
   (``tests/test_fuzz_hypothesis.py``);
-- the campaign engine (:func:`run_engine`): the callback records findings through
-  :func:`fuzz.findings.record` and the property runs round after round (a fresh seed each, the
+- the campaign engine (:func:`run_engine`): the callback records findings in the run
+  (:meth:`EngineRun.record`) and the property runs round after round (a fresh seed each, the
   example database in ``out_dir``) until the duration is spent;
-- atheris (:func:`fuzz_one_input_for`): libFuzzer's bytes drive the property through
-  ``fuzz_one_input``; a finding raises, so libFuzzer saves it.
+- atheris (:func:`fuzz_one_input_for`, called by :mod:`fuzz.engines.atheris_harness`):
+  libFuzzer's bytes drive the property through ``fuzz_one_input``; a finding raises
+  :class:`~fuzz.CostFinding`, so libFuzzer saves it.
 
 :func:`scheduler_machine` is the scheduler-state target as a ``RuleBasedStateMachine``: each
 rule appends one op (submit, cancel, step, urgent submit, tick) and teardown runs the sequence.
@@ -21,7 +22,6 @@ rule appends one op (submit, cancel, step, urgent submit, tick) and teardown run
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,14 +33,15 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 from hypothesis.strategies import SearchStrategy
 
 from fuzz import strategies as grammar
+from fuzz._exceptions import CostFinding, RoundOver
 
 if TYPE_CHECKING:
-    from fuzz.engines.atheris_engine import _Events
-    from fuzz.findings import EngineResult, Finding, FindingSet, Progress
-    from fuzz.oracle import Oracle, Outcome
-    from fuzz.targets._base import Budgets, Target
+    from fuzz.engines._run import EngineResult, EngineRun
+    from fuzz.oracle import Outcome
+    from fuzz.targets import Budgets, FuzzTarget
 
 __all__ = [
+    "NAME",
     "ROUND_EXAMPLES",
     "Runner",
     "campaign_settings",
@@ -52,6 +53,7 @@ __all__ = [
     "strategy_for",
 ]
 
+NAME = "hypothesis"
 Runner = Callable[[bytes], "Outcome"]
 OnOutcome = Callable[[bytes, "Outcome"], None]
 # Examples per campaign round: enough for the targeted phase to climb (Hypothesis suggests a
@@ -60,15 +62,10 @@ ROUND_EXAMPLES = 500
 _PROGRESS_EVERY_S = 0.5
 
 
-class _CampaignOver(BaseException):
-    """Ends a round at the deadline. A BaseException: Hypothesis lets it through at once
-    instead of treating it as a failing example to shrink."""
-
-
 # --------------------------------------------------------------------------------- strategies
 
 
-def strategy_for(target: Target) -> SearchStrategy[bytes]:
+def strategy_for(target: FuzzTarget) -> SearchStrategy[bytes]:
     """Inputs for ``target`` in its own byte format, drawn from the matching grammar."""
     max_size = int(getattr(target, "max_size", 4096))
     name = target.name
@@ -110,7 +107,7 @@ def _guard_requests() -> SearchStrategy[bytes]:
 
 
 def make_property(
-    target: Target,
+    target: FuzzTarget,
     run: Runner,
     on_outcome: OnOutcome,
     *,
@@ -134,24 +131,18 @@ def make_property(
     return fuzz_property
 
 
-def in_process_runner(target: Target, budgets: Budgets | None = None) -> Runner:
-    """Measure inputs in this process as the oracle's worker does (CPU timer at the wall
-    budget: main thread only). Only for targets that bound themselves, or inside a process
-    that is itself limited (the atheris harness)."""
-    import signal
-
-    from fuzz._worker import MemProbe, SoftTimeout, execute_one
+def in_process_runner(target: FuzzTarget, budgets: Budgets | None = None) -> Runner:
+    """Measure inputs in this process as the oracle's worker does, but with no CPU timer: an
+    input runs to its end and a time budget crossed is classified then. Only for targets that
+    bound themselves, or inside a process that is itself limited (the atheris harness)."""
+    from fuzz._worker import MemProbe, execute_one
     from fuzz.oracle import classify
 
-    def on_timer(signum: int, frame: object) -> None:
-        raise SoftTimeout
-
-    signal.signal(signal.SIGPROF, on_timer)
     probe = MemProbe()
     b = target.budgets if budgets is None else budgets
 
     def run(data: bytes) -> Outcome:
-        return classify(execute_one(target, data, probe, b.wall_s), b, len(data))
+        return classify(execute_one(target, data, probe, None), b, len(data))
 
     return run
 
@@ -182,23 +173,19 @@ def campaign_settings(
 
 
 def fuzz_one_input_for(
-    target: Target, *, events: _Events | None = None, budgets: Budgets | None = None
+    target: FuzzTarget, *, on_outcome: OnOutcome | None = None, budgets: Budgets | None = None
 ) -> Callable[[bytes], Any]:
-    """``fuzz_one_input`` of ``target``'s property, for atheris: a finding raises
-    :class:`~fuzz.engines.atheris_engine.CostFinding`."""
-    from fuzz.engines.atheris_engine import CostFinding
-
+    """``fuzz_one_input`` of ``target``'s property, for atheris: ``on_outcome`` sees every
+    outcome, then a finding raises :class:`~fuzz.CostFinding`."""
     run = in_process_runner(target, budgets)
 
-    def on_outcome(data: bytes, outcome: Outcome) -> None:
-        if events is not None:
-            events.cost(outcome.cost.scalar())
+    def check(data: bytes, outcome: Outcome) -> None:
+        if on_outcome is not None:
+            on_outcome(data, outcome)
         if outcome.is_finding:
-            if events is not None:
-                events.finding(outcome)
-            raise CostFinding(f"{outcome.cause} cost={outcome.cost.to_dict()}")
+            raise CostFinding(outcome.summary())
 
-    prop = make_property(target, run, on_outcome)
+    prop = make_property(target, run, check)
     configured = settings(
         database=None, deadline=None, suppress_health_check=list(HealthCheck), print_blob=False
     )(prop)
@@ -209,124 +196,63 @@ def fuzz_one_input_for(
 # ----------------------------------------------------------------------------------- campaign
 
 
-def run_engine(
-    target: Target,
-    oracle_factory: Callable[[], Oracle],
-    *,
-    duration_s: float,
-    jobs: int = 1,
-    out_dir: Path | None = None,
-    seed: int | None = None,
-    on_progress: Callable[[Progress], None] | None = None,
-    findings: FindingSet | None = None,
-    save_root: Path | None = None,
-    save: bool = True,
-    minimise_s: float = 20.0,
-    round_examples: int = ROUND_EXAMPLES,
-    stop_on_first: bool = False,
-    engine_name: str = "hypothesis",
-    **_: Any,
-) -> EngineResult:
-    """Run ``target``'s property round after round for ``duration_s`` seconds.
+def run_engine(run: EngineRun, *, round_examples: int = ROUND_EXAMPLES) -> EngineResult:
+    """Run ``run.target``'s property round after round for the run's duration.
 
     One job (Hypothesis runs one test at a time; ``jobs`` is recorded, not used). The example
-    database lives in ``out_dir/hypothesis-db`` when ``out_dir`` is given, so a later campaign
-    with the same ``out_dir`` starts from what this one kept.
+    database lives in ``out_dir/hypothesis-db`` when the run has an ``out_dir``, so a later
+    campaign with the same ``out_dir`` starts from what this one kept.
     """
-    from fuzz.findings import EngineResult, FindingSet, Progress, record
-
-    shared = findings if findings is not None else FindingSet()
-    start = time.monotonic()
-    deadline = start + duration_s
-    database = Path(out_dir) / "hypothesis-db" if out_dir is not None else None
-    oracle = oracle_factory()
-    mine: list[Finding] = []
-    state: dict[str, Any] = {"execs": 0, "best": 0.0, "first": None, "reported": 0.0}
-    best_over_time: list[tuple[float, float]] = []
-    errors: list[str] = []
-
-    def report(now: float) -> None:
-        if on_progress is None:
-            return
-        state["reported"] = now
-        on_progress(
-            Progress(
-                elapsed_s=now,
-                execs=state["execs"],
-                execs_per_s=state["execs"] / now if now > 0 else 0.0,
-                coverage=None,
-                best_cost=state["best"],
-                findings=len(mine),
-                engine=engine_name,
-            )
-        )
+    run.engine = run.engine or NAME
+    opts = run.options
+    oracle = run.oracle_factory()
 
     def on_outcome(data: bytes, outcome: Outcome) -> None:
-        now = time.monotonic() - start
-        state["execs"] += 1
-        scalar = outcome.cost.scalar()
-        if scalar > state["best"]:
-            state["best"] = scalar
-            best_over_time.append((now, scalar))
+        now = run.executed(outcome)
         if outcome.is_finding:
-            if state["first"] is None:
-                state["first"] = now
-            found = record(
-                target,
-                data,
-                outcome,
-                engine_name,
-                oracle=oracle,
-                seen=shared,
-                found_after_s=now,
-                seed=seed,
-                minimise_s=minimise_s,
-                save_root=save_root,
-                save=save,
-            )
-            if found is not None:
-                mine.append(found)
-            if stop_on_first:
-                raise _CampaignOver
-        if now - state["reported"] >= _PROGRESS_EVERY_S:
-            report(now)
+            run.record(data, outcome, oracle, at=now)
+            if opts.stop_on_first:
+                raise RoundOver
+        run.report(every_s=_PROGRESS_EVERY_S)
 
-    def run(data: bytes) -> Outcome:
-        if time.monotonic() >= deadline:
-            raise _CampaignOver
+    def measure(data: bytes) -> Outcome:
+        if run.over():
+            raise RoundOver
         return oracle.run(data)
 
-    strategy = strategy_for(target)
-    base_seed = 0 if seed is None else seed
-    rounds = 0
+    strategy = strategy_for(run.target)
     try:
-        while time.monotonic() < deadline:
-            # A fresh test each round: Hypothesis allows one settings object per function.
-            prop = make_property(target, run, on_outcome, strategy=strategy)
-            configured = campaign_settings(max_examples=round_examples, database=database)(prop)
-            seeded = hypothesis.seed(base_seed * 1_000_003 + rounds)(configured)
-            rounds += 1
-            try:
-                seeded()
-            except _CampaignOver:
-                break
-            except Exception as exc:  # a harness error, not a finding: report it and stop
-                errors.append(f"{type(exc).__name__}: {exc}"[:500])
-                break
+        rounds = _rounds(
+            run,
+            lambda: make_property(run.target, measure, on_outcome, strategy=strategy),
+            round_examples,
+        )
     finally:
         oracle.close()
-    elapsed = time.monotonic() - start
-    report(elapsed)
-    return EngineResult(
-        execs=state["execs"],
-        findings=mine,
-        best_cost_over_time=[*best_over_time, (elapsed, state["best"])],
-        coverage=None,
-        time_to_first_finding_s=state["first"],
-        engine=engine_name,
-        duration_s=elapsed,
-        extra={"rounds": rounds, "jobs_used": 1, "errors": errors},
-    )
+    run.report()
+    return run.result(rounds=rounds, jobs_used=1)
+
+
+def _rounds(run: EngineRun, make: Callable[[], Callable[[], None]], round_examples: int) -> int:
+    """Run a property from ``make`` in rounds, a fresh seed each, until the run is over;
+    returns the number of rounds."""
+    out_dir = run.options.out_dir
+    database = Path(out_dir) / "hypothesis-db" if out_dir is not None else None
+    base_seed = 0 if run.options.seed is None else run.options.seed
+    rounds = 0
+    while not run.over():
+        # A fresh test each round: Hypothesis allows one settings object per function.
+        configured = campaign_settings(max_examples=round_examples, database=database)(make())
+        seeded = hypothesis.seed(base_seed * 1_000_003 + rounds)(configured)
+        rounds += 1
+        try:
+            seeded()
+        except RoundOver:
+            break
+        except Exception as exc:  # a harness error, not a finding: report it and stop
+            run.error(exc)
+            break
+    return rounds
 
 
 # ----------------------------------------------------------------------------- state machine

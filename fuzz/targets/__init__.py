@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from fuzz.targets._base import Budgets, Cost, Kind, Target
+from fuzz.targets._base import Budgets, Cost, FuzzTarget, TargetKind
 from fuzz.targets.gateway import GuardApp, GuardPipeline
 from fuzz.targets.scheduler import SchedulerState
 from fuzz.targets.templates import (
@@ -18,9 +18,9 @@ from fuzz.targets.templates import (
     PlaceholderVulnerable,
 )
 
-__all__ = ["FAILS_CI", "REGISTRY", "Budgets", "Cost", "Kind", "Target", "get_target"]
+__all__ = ["FAILS_CI", "REGISTRY", "Budgets", "Cost", "FuzzTarget", "TargetKind", "get_target"]
 
-REGISTRY: dict[str, Target] = {
+REGISTRY: dict[str, FuzzTarget] = {
     t.name: t
     for t in (
         PlaceholderVulnerable(),
@@ -37,10 +37,10 @@ REGISTRY: dict[str, Target] = {
 FAILS_CI: frozenset[str] = frozenset({"hardened", "guard"})
 
 
-_LOADED: dict[str, Target] = {}
+_LOADED: dict[str, FuzzTarget] = {}
 
 
-def get_target(name: str) -> Target:
+def get_target(name: str) -> FuzzTarget:
     """The registered target ``name``, or ``package.module:Class`` (instantiated once and cached
     under that name: how tests and plugins add targets the worker can import). Loaded targets
     stay out of :data:`REGISTRY`, which lists only the built-in ones (CI layouts, ``fuzz list``)."""
@@ -53,7 +53,7 @@ def get_target(name: str) -> Target:
             cls = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise KeyError(f"cannot load fuzz target {name!r}: {exc}") from None
-        made: Target = cls()
+        made: FuzzTarget = cls()
         _LOADED[name] = made
         return made
     raise KeyError(f"unknown fuzz target {name!r}; choose one of {sorted(REGISTRY)}")

@@ -6,9 +6,9 @@ import random
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-__all__ = ["MIN_SIZE_FOR_PER_BYTE", "Budgets", "Cost", "Kind", "Target"]
+__all__ = ["MIN_SIZE_FOR_PER_BYTE", "Budgets", "Cost", "FuzzTarget", "TargetKind"]
 
-Kind = Literal["vulnerable", "hardened", "guard", "state"]
+TargetKind = Literal["vulnerable", "hardened", "guard", "state"]
 
 # Weights of Cost.scalar(): one unit each is "as bad as" 1 ms of wall time.
 _MS_PER_S = 1e3
@@ -88,19 +88,9 @@ class Cost:
             "scalar": round(self.scalar(), 6),
         }
 
-    @classmethod
-    def from_dict(cls, d: dict[str, float]) -> Cost:
-        return cls(
-            time_s=float(d.get("wall_s", 0.0)),
-            peak_mem_bytes=int(d.get("peak_rss_bytes", 0)),
-            steps=int(d.get("steps", 0)),
-            output_tokens=int(d.get("output_tokens", 0)),
-            cpu_s=float(d.get("cpu_s", 0.0)),
-        )
-
 
 @runtime_checkable
-class Target(Protocol):
+class FuzzTarget(Protocol):
     """One thing to fuzz. ``execute`` runs ONE input in the current process (the oracle decides
     which process that is) and returns its cost from cheap counters; it raises one of
     ``expected`` for a documented rejection, anything else is a crash. Hardened and guard
@@ -114,7 +104,7 @@ class Target(Protocol):
     def description(self) -> str: ...
 
     @property
-    def kind(self) -> Kind: ...
+    def kind(self) -> TargetKind: ...
 
     @property
     def budgets(self) -> Budgets: ...

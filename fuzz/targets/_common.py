@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from fuzz.targets._base import Budgets, Cost, Kind
+from fuzz.targets._base import Budgets, Cost, TargetKind
 from fuzz.targets._mutate import byte_mutate
 
 __all__ = ["TargetBase"]
@@ -21,7 +21,7 @@ class TargetBase:
     name: str
     description: str
     exercises: str
-    kind: Kind
+    kind: TargetKind
     budgets: Budgets
     expected: tuple[type[BaseException], ...] = ()
     isolate_by_default: bool = True

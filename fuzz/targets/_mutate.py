@@ -10,19 +10,17 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
     "JSON_VALUES",
-    "Mutator",
     "byte_mutate",
     "grow_number",
     "json_mutate",
     "pick_slice",
 ]
 
-Mutator = Callable[[bytes, int, random.Random], bytes]
 _DIGITS = re.compile(rb"\d+")
 
 # Values a JSON mutation may put anywhere: type confusion, large, negative, nested, empty.

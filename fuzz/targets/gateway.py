@@ -18,6 +18,7 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from fuzz._exceptions import AppInternalError, CheckFailed
 from fuzz.targets._base import Budgets, Cost
 from fuzz.targets._common import TargetBase
 from fuzz.targets._mutate import json_mutate
@@ -214,14 +215,6 @@ class GuardPipeline(_GuardBase):
         # The guard's own work: the prompt tokens it counted (what it reserves for the upstream,
         # max_tokens x n, is the policy's business, not a cost of checking).
         return Cost(steps=int(verdict.costs.get("prompt_tokens", 0)))
-
-
-class CheckFailed(Exception):
-    """A guard check raised instead of returning a verdict (``request_check_failed``)."""
-
-
-class AppInternalError(Exception):
-    """The app answered 500 ``internal_error``: an exception escaped the gateway's handling."""
 
 
 class GuardApp(_GuardBase):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from fuzz._exceptions import InvariantViolation
 from fuzz.targets._base import Budgets, Cost
 from fuzz.targets._common import TargetBase
 from fuzz.targets._mutate import byte_mutate
@@ -32,10 +33,6 @@ __all__ = ["SchedulerState"]
 _OP_ARGS = (3, 1, 1, 2, 1)
 _DRAIN_STEPS = 20_000
 _MIB = 1 << 20
-
-
-class InvariantViolation(AssertionError):
-    """A scheduler invariant did not hold."""
 
 
 class SchedulerState(TargetBase):

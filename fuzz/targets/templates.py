@@ -224,9 +224,6 @@ class _ChatTemplate(TargetBase):
     )
     _hardened: ClassVar[bool]
 
-    def __init__(self) -> None:
-        self._out = 0
-
     def execute(self, data: bytes) -> Cost:
         from scheduler_ref.chat_template import render_chat
 
