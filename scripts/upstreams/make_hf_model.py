@@ -36,6 +36,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     raw = tiny_tokenizer.train()
+    # Before wrapping: PreTrainedTokenizerFast sets padding/truncation on the object it wraps.
+    tokenizer_sha256 = tiny_tokenizer.fingerprint(raw)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw,
         bos_token=tiny_tokenizer.BOS,
@@ -84,7 +86,7 @@ def main() -> None:
         "dir": str(out),
         "vocab_size": raw.get_vocab_size(),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "tokenizer_sha256": tiny_tokenizer.fingerprint(raw),
+        "tokenizer_sha256": tokenizer_sha256,
         "hello_prompt": prompt,
         "hello_prompt_tokens": len(reloaded(prompt, add_special_tokens=False)["input_ids"]),
     }

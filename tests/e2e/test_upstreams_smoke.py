@@ -240,3 +240,14 @@ def test_llamacpp_quirks(llamacpp_upstream: RunningUpstream) -> None:
                 ],
                 max_tokens=2,
             )
+
+
+def test_both_upstreams_share_one_vocabulary(
+    vllm_upstream: RunningUpstream, llamacpp_upstream: RunningUpstream
+) -> None:
+    """Trained separately in each venv from the same stdlib text: the same merges, so the
+    guard's token counts hold for either upstream."""
+    vllm_model = json.loads(vllm_upstream.tokenizer_json.read_text())["model"]
+    llamacpp_model = json.loads(llamacpp_upstream.tokenizer_json.read_text())["model"]
+    assert vllm_model["vocab"] == llamacpp_model["vocab"]
+    assert vllm_model["merges"] == llamacpp_model["merges"]
