@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,13 +34,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from guard.admission import ConcurrencyLimiter, ConcurrencyLimits, RateLimiter, make_rate_limiter
+from guard.admission import ConcurrencyLimiter, RateLimiter, make_rate_limiter
 from guard.errors import GuardError, NotFound
 from guard.gateway import Gateway, InternalError, check_outcomes
 from guard.http import (
     ClientDisconnected,
     Upstream,
-    UpstreamConfig,
     head_refusals,
     inspect_head,
     read_body,
@@ -77,27 +77,17 @@ def create_app(
     ``client_timeout_s``: a client that stops reading a response for this long is cut (default:
     ``upstream.read_timeout_s``).
     """
-    url = upstream_url or policy.upstream.url
-    if url is None:
+    up = replace(policy.upstream, url=upstream_url) if upstream_url else policy.upstream
+    if up.url is None:
         raise ValueError("no upstream: set upstream.url in the policy or pass upstream_url")
-    up = policy.upstream
-    upstream = Upstream(
-        UpstreamConfig(
-            url=url,
-            connect_timeout_s=up.connect_timeout_s,
-            read_timeout_s=up.read_timeout_s,
-            total_timeout_s=up.total_timeout_s,
-            max_connections=up.max_connections,
-            health_path=health_path,
-        )
-    )
+    upstream = Upstream(up, health_path=health_path)
     metrics = GuardMetrics()
     if limiter is None:
         limiter = make_rate_limiter(policy.rate.redis_url, on_error=policy.rate.on_redis_failure)
     if concurrency is None:
         rate = policy.rate
         concurrency = ConcurrencyLimiter(
-            per_key=ConcurrencyLimits(rate.per_key_concurrency, rate.queue_size),
+            per_key=rate.slot_limits,
             global_max_concurrent=rate.global_concurrency,
             global_max_queued=rate.queue_size,
             queue_timeout_s=rate.queue_timeout_s,

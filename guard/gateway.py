@@ -31,10 +31,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from guard.admission import (
     ConcurrencyLimiter,
-    ConcurrencyLimits,
     MemoryRateLimiter,
     RateLimiter,
-    RateLimits,
     Reservation,
 )
 from guard.errors import GuardError, NotFound
@@ -42,7 +40,6 @@ from guard.http import (
     DISCONNECT_EXTENSION,
     ClientDisconnected,
     DisconnectHook,
-    FramingLimits,
     SseRelay,
     Upstream,
     UpstreamError,
@@ -53,7 +50,7 @@ from guard.http import (
     response_headers,
 )
 from guard.pipeline import Verdict, evaluate_body
-from guard.policy import ANONYMOUS_TENANT, KeyEntry, Policy
+from guard.policy import ANONYMOUS_TENANT, Policy
 from guard.request_view import KEPT_HEADERS, normalise_headers, resolve_key
 from guard.telemetry import AccessLog, GuardMetrics, RequestFields, RequestSpan, Tracing
 
@@ -249,46 +246,8 @@ class Gateway:
         self.tracing = tracing
         self.count_tokens = count_tokens
         self.client_timeout_s = client_timeout_s
-        body = policy.limits.body
-        self.framing = FramingLimits(
-            max_body_bytes=body.max_body_bytes,
-            max_headers=body.max_header_count,
-            max_header_bytes=body.max_header_bytes,
-            body_timeout_s=body.body_read_timeout_s,
-            content_encoding=body.content_encoding,
-            max_inflated_bytes=body.max_inflated_bytes,
-            max_inflate_ratio=body.max_inflate_ratio,
-        )
+        self.framing = policy.limits.body
         self.routes = policy.allowed_routes
-        self._rate_limits: dict[str | None, RateLimits] = {}
-        self._slot_limits: dict[str | None, ConcurrencyLimits] = {}
-
-    # ------------------------------------------------------------------------------ limits
-
-    def rate_limits(self, entry: KeyEntry | None) -> RateLimits:
-        digest = None if entry is None else entry.digest
-        limits = self._rate_limits.get(digest)
-        if limits is None:
-            rate = self.policy.rate_for(entry)
-            limits = RateLimits(
-                requests_per_minute=rate.requests_per_minute,
-                tokens_per_minute=rate.tokens_per_minute,
-                request_burst=rate.burst,
-                token_burst=rate.token_burst,
-            )
-            self._rate_limits[digest] = limits
-        return limits
-
-    def slot_limits(self, entry: KeyEntry | None) -> ConcurrencyLimits:
-        digest = None if entry is None else entry.digest
-        limits = self._slot_limits.get(digest)
-        if limits is None:
-            rate = self.policy.rate_for(entry)
-            limits = ConcurrencyLimits(
-                max_concurrent=rate.per_key_concurrency, max_queued=rate.queue_size
-            )
-            self._slot_limits[digest] = limits
-        return limits
 
     # ------------------------------------------------------------------------------ routing
 
@@ -433,12 +392,12 @@ class Gateway:
             raise GuardError("unexpected_body", f"GET {ex.route} takes no body")
         overhead += time.perf_counter() - t_checked
         t_limit = time.perf_counter()
-        limits = self.rate_limits(entry)
+        rate = self.policy.rate_for(entry)
         if self._reserve_now is not None:  # in memory: no coroutine needed
-            reservation = self._reserve_now(ex.tenant, limits=limits, tokens=reserve_tokens)
+            reservation = self._reserve_now(ex.tenant, limits=rate, tokens=reserve_tokens)
         else:
             reservation = await self.limiter.reserve(
-                ex.tenant, limits=limits, requests=1, tokens=reserve_tokens
+                ex.tenant, limits=rate, requests=1, tokens=reserve_tokens
             )
         overhead += time.perf_counter() - t_limit
         ex.overhead_s = overhead
@@ -447,7 +406,7 @@ class Gateway:
         try:
             arm()  # from here a disconnect cancels the request, queued or forwarded
             t_queue = time.perf_counter()
-            async with self.concurrency.slot(ex.tenant, self.slot_limits(entry)):
+            async with self.concurrency.slot(ex.tenant, rate.slot_limits):
                 ex.queue_s = time.perf_counter() - t_queue
                 self.metrics.queue_wait.observe(ex.queue_s)
                 settled = await self._forward(

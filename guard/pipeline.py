@@ -207,7 +207,7 @@ def _evaluate(
         if method in _BODYLESS and not raw.strip():
             body: Any = None
         else:
-            body = parse_json_body(raw, policy.json_limits)
+            body = parse_json_body(raw, policy.limits.json_, policy.limits.body.largest_body)
         view = RequestView.build(
             body, path=clean_path, method=method, headers=pairs, key=key, raw_size=len(raw)
         )

@@ -147,7 +147,13 @@ def limits_for(profile: Profile) -> ChatTemplateLimits:
     """The sandbox limits of a hardened profile (its render deadline)."""
     if profile.render_deadline_s is None:
         return DEFAULT_LIMITS
-    return replace(DEFAULT_LIMITS, deadline_s=profile.render_deadline_s)
+    return _with_deadline(profile.render_deadline_s)
+
+
+@functools.lru_cache(maxsize=8)
+def _with_deadline(deadline_s: float) -> ChatTemplateLimits:
+    # Built once per deadline: a limit set is validated when built (~20 us), not per request.
+    return replace(DEFAULT_LIMITS, deadline_s=deadline_s)
 
 
 def _default_budget(profile: Profile) -> Budget:

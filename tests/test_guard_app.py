@@ -519,39 +519,39 @@ class _Script:
 
 
 async def test_read_body_stops_at_the_first_chunk_over_the_cap() -> None:
-    limits = FramingLimits(max_body_bytes=1000, linger_bytes=1)
+    limits = FramingLimits(max_body_bytes=1000)
     head = inspect_head([], limits)
     script = _Script([{"type": "http.request", "body": b"x" * 400, "more_body": True}] * 100)
     with pytest.raises(GuardError) as exc:
-        await read_body(script, head, limits)
+        await read_body(script, head, limits, linger_bytes=1)
     assert exc.value.code == "body_too_large" and exc.value.status == 413
     assert exc.value.headers == {"connection": "close"}
     assert script.consumed == 3
     head = inspect_head([(b"content-length", b"5000")], limits)
     script = _Script([])
     with pytest.raises(GuardError):
-        await read_body(script, head, limits)
+        await read_body(script, head, limits, linger_bytes=1)
     assert script.consumed == 0
 
 
 async def test_read_body_lingers_within_its_budget_then_closes() -> None:
-    limits = FramingLimits(max_body_bytes=1000, linger_bytes=1000)
+    limits = FramingLimits(max_body_bytes=1000)
     head = inspect_head([], limits)
     more = {"type": "http.request", "body": b"x" * 400, "more_body": True}
     last = {"type": "http.request", "body": b"x" * 400, "more_body": False}
     script = _Script([more, more, more, last])  # 1600 bytes: over the cap, within the linger
     with pytest.raises(GuardError) as exc:
-        await read_body(script, head, limits)
+        await read_body(script, head, limits, linger_bytes=1000)
     assert exc.value.code == "body_too_large" and "connection" not in exc.value.headers
     assert script.consumed == 4
     script = _Script([more] * 10)  # 4000 bytes and still going: left unread
     with pytest.raises(GuardError) as exc:
-        await read_body(script, head, limits)
+        await read_body(script, head, limits, linger_bytes=1000)
     assert exc.value.headers == {"connection": "close"} and script.consumed == 6
 
 
 async def test_read_body_disconnect_and_timeout() -> None:
-    limits = FramingLimits(max_body_bytes=1000, body_timeout_s=0.05)
+    limits = FramingLimits(max_body_bytes=1000, body_read_timeout_s=0.05)
     head = inspect_head([], limits)
     with pytest.raises(ClientDisconnected):
         await read_body(_Script([{"type": "http.disconnect"}]), head, limits)

@@ -281,7 +281,7 @@ async def test_upstream_forwards_headers_and_pools_connections() -> None:
 
 async def test_upstream_api_key_replaces_the_client_authorization() -> None:
     async with fake_upstream() as fake:
-        upstream = Upstream(UpstreamConfig(fake.url, api_key="up-key"))
+        upstream = Upstream(UpstreamConfig(fake.url), api_key="up-key")
         try:
             resp = await upstream.send(
                 "GET", "/v1/models", "", [], None, request_id="r", authorization="Bearer c"
@@ -341,7 +341,7 @@ def test_upstream_config_is_validated() -> None:
 
 async def test_readiness_falls_back_to_models_without_a_health_path() -> None:
     async with fake_upstream() as fake:
-        upstream = Upstream(UpstreamConfig(fake.url, health_path="/no-such-health"))
+        upstream = Upstream(UpstreamConfig(fake.url), health_path="/no-such-health")
         try:
             assert await upstream.ready()
         finally:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from guard.errors import GuardError, LimitExceeded
 from guard.guided import GuidedLimits, check_guided_decoding
-from guard.guided._regex_scan import RegexRejected, ScanLimits, scan_regex
+from guard.guided._regex_scan import RegexRejected, scan_regex
 from guard.isolation import preload, run_limited
 
 preload("guard.guided._check")
@@ -264,7 +264,7 @@ def test_program_size_estimate_bounds_re2() -> None:
     from guard.guided._re2 import re2_program_size
 
     for pattern in [*BENIGN_REGEXES, "\\pL+", "[^a]{50}", "\\W\\S\\D", "(?i)[a-z]{40}", "é{30}"]:
-        est = scan_regex(pattern, ScanLimits()).est_program_size
+        est = scan_regex(pattern, LIMITS).est_program_size
         actual = re2_program_size(pattern, max_mem=8 << 20, max_program_size=1 << 30)
         assert est >= actual, (pattern, est, actual)
 
@@ -722,7 +722,7 @@ def test_any_text_as_regex_passes_or_raises_guard_error(pattern: str) -> None:
 @given(st.lists(_REGEX_ALPHABET, max_size=40).map("".join))
 def test_scan_raises_only_regex_rejected(pattern: str) -> None:
     try:
-        result = scan_regex(pattern, ScanLimits())
+        result = scan_regex(pattern, LIMITS)
     except RegexRejected as e:
         assert e.code in ("guided_regex_invalid", "guided_regex_unsafe")
     else:
@@ -772,7 +772,7 @@ def test_any_json_as_schema_passes_or_raises_guard_error(schema: Any) -> None:
 
 def test_scan_is_linear() -> None:
     """Twice the pattern, about twice the time (never quadratic); loose bounds for shared CI."""
-    limits = ScanLimits(max_program_size=1 << 30, max_adjacent_unbounded=1 << 30)
+    limits = GuidedLimits(max_regex_program_size=1 << 30, max_regex_adjacent_unbounded=1 << 30)
 
     def cost(n: int) -> float:
         pattern = "(?:a|b)[a-z]+@" * n

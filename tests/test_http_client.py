@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 
 from guard.http._client import (
+    KEEPALIVE_S,
     ConnectFailed,
     ConnectionPool,
-    PoolConfig,
     Response,
     ResponseBroken,
+    UpstreamConfig,
     UpstreamTimeout,
 )
 
@@ -139,7 +140,8 @@ async def pool_for(url: str, **kwargs: Any) -> AsyncIterator[ConnectionPool]:
     kwargs.setdefault("connect_timeout_s", 2.0)
     kwargs.setdefault("read_timeout_s", 5.0)
     kwargs.setdefault("total_timeout_s", 10.0)
-    pool = ConnectionPool(PoolConfig(url=url, **kwargs))
+    keepalive_s = kwargs.pop("keepalive_s", KEEPALIVE_S)
+    pool = ConnectionPool(UpstreamConfig(url=url, **kwargs), keepalive_s=keepalive_s)
     try:
         yield pool
     finally:
@@ -594,7 +596,7 @@ async def test_refused_connection_is_connect_failed() -> None:
 
 def test_pool_rejects_a_non_http_url() -> None:
     with pytest.raises(ValueError):
-        ConnectionPool(PoolConfig(url="ftp://127.0.0.1/"))
+        ConnectionPool(UpstreamConfig(url="ftp://127.0.0.1/"))
 
 
 # ------------------------------------------------------------------------------ 9. flow control

@@ -27,21 +27,22 @@ SMALL = JsonLimits(
     max_string_bytes=8,
     max_number_chars=5,
     max_containers=12,
-    max_body_bytes=400,
 )
 # More keys per object than array elements: arrays are then checked after parsing.
 SMALL_ARRAYS = replace(SMALL, max_keys_per_object=6, max_array_length=2)
 
 
-def refusal(body: bytes, limits: JsonLimits = DEFAULT) -> GuardError:
+def refusal(
+    body: bytes, limits: JsonLimits = DEFAULT, max_body_bytes: int | None = None
+) -> GuardError:
     with pytest.raises(GuardError) as info:
-        parse_json_body(body, limits)
+        parse_json_body(body, limits, max_body_bytes)
     return info.value
 
 
-def code(body: bytes, limits: JsonLimits = DEFAULT) -> str:
+def code(body: bytes, limits: JsonLimits = DEFAULT, max_body_bytes: int | None = None) -> str:
     try:
-        parse_json_body(body, limits)
+        parse_json_body(body, limits, max_body_bytes)
     except GuardError as exc:
         return exc.code
     return "ok"
@@ -53,7 +54,6 @@ def code(body: bytes, limits: JsonLimits = DEFAULT) -> str:
 @pytest.mark.parametrize(
     ("body", "limits", "expected", "error_type", "status", "param"),
     [
-        (b"[" + b"0," * 199 + b"0]", SMALL, "body_too_large", LimitExceeded, 413, None),
         (b'{"a":"\xc3"}', DEFAULT, "invalid_utf8", GuardError, 400, None),
         (b'{"a":["\\udc00"]}', DEFAULT, "invalid_utf8", GuardError, 400, "a[0]"),
         (b'{"a":[1,]}', DEFAULT, "invalid_json", GuardError, 400, None),
@@ -283,9 +283,16 @@ def test_containers_at_the_limit_pass_and_one_over_fails() -> None:
 
 def test_body_size_at_the_limit_passes_and_one_over_is_413() -> None:
     body = b'["' + b"x" * 96 + b'"]'
-    assert code(body, JsonLimits(max_body_bytes=100)) == "ok"
-    exc = refusal(body + b" ", JsonLimits(max_body_bytes=100))
-    assert (exc.code, exc.status) == ("body_too_large", 413)
+    assert code(body, max_body_bytes=100) == "ok"
+    exc = refusal(body + b" ", max_body_bytes=100)
+    assert (exc.code, type(exc), exc.status, exc.param) == (
+        "body_too_large",
+        LimitExceeded,
+        413,
+        None,
+    )
+    # Checked first: a small cap refuses a body that is also invalid.
+    assert code(b"[" + b"0," * 199 + b"0" + b"\xc3", SMALL, max_body_bytes=400) == "body_too_large"
 
 
 def test_first_limit_crossed_in_the_body_is_the_one_reported() -> None:
@@ -520,7 +527,7 @@ HOSTILE = {
     ],
 )
 def test_huge_hostile_bodies_are_refused_in_a_limited_child(name: str, expected: str) -> None:
-    limits = JsonLimits(max_body_bytes=8 << 20)
+    limits = JsonLimits()
     result = run_limited(read_code, name, limits, mem_limit_bytes=1 << 30, timeout_s=20.0)
     assert result.ok, result
     assert result.value is not None and result.value.startswith(expected)
@@ -614,11 +621,10 @@ def test_limits_are_exact_at_the_measured_values(value: Any, ascii_only: bool, w
         max_string_bytes=max(1, measured["string"]),
         max_number_chars=max(1, measured["number"]),
         max_containers=max(1, measured["containers"]),
-        max_body_bytes=max(1, len(body)),
     )
-    assert parse_json_body(body, tight) == value
+    assert parse_json_body(body, tight, len(body)) == value
     if len(body) > 1:
-        assert code(body, replace(tight, max_body_bytes=len(body) - 1)) == "body_too_large"
+        assert code(body, tight, max_body_bytes=len(body) - 1) == "body_too_large"
     field, expected = LIMIT_OF[which]
     assume(measured[which] >= 2)
     assert code(body, replace(tight, **{field: measured[which] - 1})) == expected

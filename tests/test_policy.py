@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from guard.admission import ConcurrencyLimits, RateLimits
 from guard.guided import GuidedLimits
-from guard.jinja._meters import ChatTemplateLimits
+from guard.http import FramingLimits, UpstreamConfig
+from guard.jinja import ChatTemplateLimits
 from guard.json import JsonLimits
 from guard.policy import (
     ANONYMOUS_TENANT,
@@ -62,37 +64,37 @@ def test_policy_is_immutable() -> None:
         p.limits.tokens.max_prompt_tokens = 1
 
 
-@pytest.mark.parametrize(
-    ("section", "limits_type"),
-    [("json_", JsonLimits), ("guided", GuidedLimits)],
-)
-def test_mirrored_sections_match_their_dataclasses(section: str, limits_type: type) -> None:
-    model = getattr(default_policy().limits, section)
-    dc_fields = {f.name: f.default for f in dataclasses.fields(limits_type)}
-    dc_fields.pop("max_body_bytes", None)  # JsonLimits' comes from limits.body
-    assert model.model_dump() == dc_fields
+def test_limit_sets_are_the_policy_sections() -> None:
+    # Declared once, next to the code that reads them: the policy holds those objects.
+    p = default_policy()
+    assert type(p.limits.body) is FramingLimits and p.limits.body == FramingLimits()
+    assert type(p.limits.json_) is JsonLimits and p.limits.json_ == JsonLimits()
+    assert type(p.limits.guided) is GuidedLimits and p.limits.guided == GuidedLimits()
+    assert type(p.upstream) is UpstreamConfig and p.upstream == UpstreamConfig()
+    assert isinstance(p.rate, RateLimits)
+    assert isinstance(p.limits.templates.chat_template, ChatTemplateLimits)
 
 
-def test_chat_template_section_matches_the_sandbox_limits() -> None:
-    model = default_policy().limits.templates.chat_template
-    dc_fields = {f.name: f.default for f in dataclasses.fields(ChatTemplateLimits)}
-    dumped = model.model_dump()
-    assert dumped.keys() == dc_fields.keys()
+def test_chat_template_section_is_the_sandbox_limits_with_the_guards_deadline() -> None:
+    section = dataclasses.asdict(default_policy().limits.templates.chat_template)
+    library = dataclasses.asdict(ChatTemplateLimits())
+    assert section.keys() == library.keys()
     # The guard renders under the hardened scheduler's deadline, not the library's 1 s.
-    assert dumped.pop("deadline_s") == 0.25
-    dc_fields.pop("deadline_s")
-    assert dumped == dc_fields
+    assert section.pop("deadline_s") == 0.25
+    assert library.pop("deadline_s") == 1.0
+    assert section == library
 
 
-def test_derived_limit_objects() -> None:
+def test_limit_objects_read_by_the_guard() -> None:
     p = policy_from_yaml(
         "limits: {body: {max_body_bytes: 1000, content_encoding: inflate, max_inflated_bytes: 5000},"
         " json: {max_depth: 10}}"
     )
-    assert p.json_limits.max_body_bytes == 5000
-    assert p.json_limits.max_depth == 10
-    assert p.guided_limits == GuidedLimits()
-    assert p.chat_template_limits.deadline_s == 0.25
+    assert p.limits.body.largest_body == 5000
+    assert p.limits.json_.max_depth == 10
+    assert p.limits.guided == GuidedLimits()
+    assert p.limits.templates.chat_template.deadline_s == 0.25
+    assert p.rate.slot_limits == ConcurrencyLimits(16, 256)
 
 
 # -- YAML ---------------------------------------------------------------------------------------

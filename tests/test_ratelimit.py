@@ -57,7 +57,8 @@ async def refused(
 async def test_request_bucket_allows_a_burst_then_refills_at_the_rate(
     limiter: MemoryRateLimiter, clock: FakeClock
 ) -> None:
-    limits = RateLimits(requests_per_minute=60)  # one per second, burst of 60
+    # One per second, burst of 60.
+    limits = RateLimits(requests_per_minute=60, tokens_per_minute=None, burst=60)
     for _ in range(60):
         await limiter.reserve("t", limits=limits)
     err = await refused(limiter, limits)
@@ -76,7 +77,7 @@ async def test_request_bucket_allows_a_burst_then_refills_at_the_rate(
 
 
 async def test_burst_smaller_than_the_minute(limiter: MemoryRateLimiter, clock: FakeClock) -> None:
-    limits = RateLimits(requests_per_minute=60, request_burst=5)
+    limits = RateLimits(requests_per_minute=60, tokens_per_minute=None, burst=5)
     for _ in range(5):
         await limiter.reserve("t", limits=limits)
     await refused(limiter, limits)
@@ -89,7 +90,7 @@ async def test_burst_smaller_than_the_minute(limiter: MemoryRateLimiter, clock: 
 async def test_retry_after_is_the_refill_time_of_the_missing_tokens(
     limiter: MemoryRateLimiter, clock: FakeClock
 ) -> None:
-    limits = RateLimits(tokens_per_minute=6000)  # 100 tokens per second
+    limits = RateLimits(requests_per_minute=None, tokens_per_minute=6000)  # 100 tokens per second
     await limiter.reserve("t", limits=limits, tokens=6000)
     err = await refused(limiter, limits, tokens=250)
     assert err.code == "rate_limited_tokens"
@@ -104,7 +105,7 @@ async def test_retry_after_is_the_refill_time_of_the_missing_tokens(
 async def test_retry_after_waits_for_both_buckets(
     limiter: MemoryRateLimiter, clock: FakeClock
 ) -> None:
-    limits = RateLimits(requests_per_minute=60, request_burst=1, tokens_per_minute=600)
+    limits = RateLimits(requests_per_minute=60, tokens_per_minute=600, burst=1)
     await limiter.reserve("t", limits=limits, tokens=600)
     # Requests refill in 1 s, tokens (100 at 10/s) in 10 s: tokens decide.
     with pytest.raises(RateLimited) as info:
@@ -116,7 +117,7 @@ async def test_retry_after_waits_for_both_buckets(
 
 
 async def test_a_refusal_charges_nothing(limiter: MemoryRateLimiter, clock: FakeClock) -> None:
-    limits = RateLimits(requests_per_minute=10, tokens_per_minute=1000)
+    limits = RateLimits(requests_per_minute=10, tokens_per_minute=1000, burst=10)
     await limiter.reserve("t", limits=limits, tokens=900)
     for _ in range(20):
         await refused(limiter, limits, tokens=200)  # tokens refuse; requests are not charged
@@ -127,7 +128,7 @@ async def test_a_refusal_charges_nothing(limiter: MemoryRateLimiter, clock: Fake
 async def test_clock_going_backwards_refills_nothing(
     limiter: MemoryRateLimiter, clock: FakeClock
 ) -> None:
-    limits = RateLimits(requests_per_minute=60, request_burst=2)
+    limits = RateLimits(requests_per_minute=60, tokens_per_minute=None, burst=2)
     await limiter.reserve("t", limits=limits)
     await limiter.reserve("t", limits=limits)
     clock.advance(-100)
@@ -137,7 +138,7 @@ async def test_clock_going_backwards_refills_nothing(
 
 
 async def test_tenants_have_separate_buckets(limiter: MemoryRateLimiter) -> None:
-    limits = RateLimits(requests_per_minute=1)
+    limits = RateLimits(requests_per_minute=1, tokens_per_minute=None, burst=1)
     await limiter.reserve("a", limits=limits)
     await limiter.reserve("b", limits=limits)
     await refused(limiter, limits, tenant="a")
@@ -146,7 +147,7 @@ async def test_tenants_have_separate_buckets(limiter: MemoryRateLimiter) -> None
 async def test_request_larger_than_the_bucket_is_a_400_not_a_429(
     limiter: MemoryRateLimiter,
 ) -> None:
-    limits = RateLimits(tokens_per_minute=1000, token_burst=4000)
+    limits = RateLimits(requests_per_minute=None, tokens_per_minute=1000, token_burst=4000)
     with pytest.raises(LimitExceeded) as info:
         await limiter.reserve("t", limits=limits, tokens=4001)
     assert info.value.status == 400
@@ -157,7 +158,9 @@ async def test_request_larger_than_the_bucket_is_a_400_not_a_429(
 
 
 async def test_unlimited_buckets_are_not_tracked(limiter: MemoryRateLimiter) -> None:
-    reservation = await limiter.reserve("t", limits=RateLimits(), tokens=10**9)
+    reservation = await limiter.reserve(
+        "t", limits=RateLimits(requests_per_minute=None, tokens_per_minute=None), tokens=10**9
+    )
     assert reservation.headers == {}
     await limiter.reconcile(reservation, 5)
     assert limiter.metrics.tokens_refunded == 0
@@ -165,16 +168,16 @@ async def test_unlimited_buckets_are_not_tracked(limiter: MemoryRateLimiter) -> 
 
 def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="requests_per_minute"):
-        RateLimits(requests_per_minute=0)
+        RateLimits(requests_per_minute=0, tokens_per_minute=None)
     with pytest.raises(ValueError, match="token_burst"):
-        RateLimits(tokens_per_minute=10, token_burst=-1)
+        RateLimits(requests_per_minute=None, tokens_per_minute=10, token_burst=-1)
 
 
 # --- reservation and reconciliation ------------------------------------------------------
 
 
 async def test_reconcile_refunds_the_unused_reservation(limiter: MemoryRateLimiter) -> None:
-    limits = RateLimits(tokens_per_minute=3000)
+    limits = RateLimits(requests_per_minute=None, tokens_per_minute=3000)
     reservation = await limiter.reserve("t", limits=limits, tokens=1000)
     await limiter.reconcile(reservation, 200)
     assert limiter.metrics.tokens_refunded == 800
@@ -185,7 +188,9 @@ async def test_reconcile_refunds_the_unused_reservation(limiter: MemoryRateLimit
 async def test_reconcile_charges_an_overshoot_as_debt(
     limiter: MemoryRateLimiter, clock: FakeClock
 ) -> None:
-    limits = RateLimits(tokens_per_minute=6000, token_burst=1000)  # 100 tokens per second
+    limits = RateLimits(
+        requests_per_minute=None, tokens_per_minute=6000, token_burst=1000
+    )  # 100 tokens per second
     reservation = await limiter.reserve("t", limits=limits, tokens=100)
     await limiter.reconcile(reservation, 1100)  # the upstream used more than reserved
     assert limiter.metrics.tokens_overshoot == 1000
@@ -197,7 +202,7 @@ async def test_reconcile_charges_an_overshoot_as_debt(
 
 
 async def test_release_refunds_requests_and_tokens(limiter: MemoryRateLimiter) -> None:
-    limits = RateLimits(requests_per_minute=1, tokens_per_minute=100)
+    limits = RateLimits(requests_per_minute=1, tokens_per_minute=100, burst=1)
     reservation = await limiter.reserve("t", limits=limits, tokens=100)
     await limiter.release(reservation)
     assert reservation.settled
@@ -205,7 +210,7 @@ async def test_release_refunds_requests_and_tokens(limiter: MemoryRateLimiter) -
 
 
 async def test_a_reservation_settles_once(limiter: MemoryRateLimiter) -> None:
-    limits = RateLimits(requests_per_minute=5, tokens_per_minute=1000)
+    limits = RateLimits(requests_per_minute=5, tokens_per_minute=1000, burst=5)
     reservation = await limiter.reserve("t", limits=limits, tokens=500)
     await limiter.reconcile(reservation, 100)
     await limiter.reconcile(reservation, 0)
@@ -220,7 +225,7 @@ async def test_reserving_up_front_stops_a_concurrent_burst_from_overshooting(
 ) -> None:
     # Twenty requests of 100 prompt + 400 output tokens arrive together against 2000 tokens per
     # minute. Charging after the response would let all twenty through (10,000 tokens).
-    limits = RateLimits(tokens_per_minute=2000)
+    limits = RateLimits(requests_per_minute=None, tokens_per_minute=2000)
 
     async def one() -> Reservation | RateLimited:
         try:
@@ -239,7 +244,7 @@ async def test_reserving_up_front_stops_a_concurrent_burst_from_overshooting(
 
 
 async def test_success_headers_show_what_is_left(limiter: MemoryRateLimiter) -> None:
-    limits = RateLimits(requests_per_minute=10, tokens_per_minute=6000)
+    limits = RateLimits(requests_per_minute=10, tokens_per_minute=6000, burst=10)
     reservation = await limiter.reserve("t", limits=limits, tokens=150)
     assert reservation.headers == {
         "x-ratelimit-limit-requests": "10",
@@ -263,13 +268,16 @@ def test_duration_format(seconds: float, text: str) -> None:
 
 
 async def test_idle_tenants_are_forgotten(limiter: MemoryRateLimiter, clock: FakeClock) -> None:
-    limits = RateLimits(requests_per_minute=60, tokens_per_minute=60_000)
+    limits = RateLimits(requests_per_minute=60, tokens_per_minute=60_000, burst=60)
     for i in range(1500):
         await limiter.reserve(f"tenant-{i}", limits=limits, tokens=1000)
     assert len(limiter) == 1500
     clock.advance(61)  # every bucket is full again: as good as never used
     for _ in range(1100):
-        await limiter.reserve("busy", limits=RateLimits(requests_per_minute=10_000))
+        await limiter.reserve(
+            "busy",
+            limits=RateLimits(requests_per_minute=10_000, tokens_per_minute=None, burst=10_000),
+        )
     assert len(limiter) <= 2
 
 
@@ -277,7 +285,7 @@ async def test_metrics_count_and_call_the_listener(clock: FakeClock) -> None:
     events: list[tuple[str, str, float]] = []
     metrics = RateLimiterMetrics(listener=lambda *event: events.append(event))
     limiter = MemoryRateLimiter(clock=clock, metrics=metrics)
-    limits = RateLimits(requests_per_minute=1, tokens_per_minute=100)
+    limits = RateLimits(requests_per_minute=1, tokens_per_minute=100, burst=1)
     reservation = await limiter.reserve("t", limits=limits, tokens=40)
     await refused(limiter, limits)
     await limiter.reconcile(reservation, 30)
@@ -319,7 +327,9 @@ def test_never_more_than_burst_plus_refill(steps: list[tuple[float, int, int]]) 
     """Over any run, tokens charged (after reconciliation) <= burst + rate x elapsed + debt."""
     clock = FakeClock(0.0)
     limiter = MemoryRateLimiter(clock=clock)
-    limits = RateLimits(tokens_per_minute=1200, token_burst=500)  # 20 tokens per second
+    limits = RateLimits(
+        requests_per_minute=None, tokens_per_minute=1200, token_burst=500
+    )  # 20 tokens per second
 
     async def run() -> None:
         charged = 0

@@ -82,7 +82,7 @@ async def attempt(
 
 async def test_two_replicas_enforce_one_request_limit(limiters: list[RedisRateLimiter]) -> None:
     # Burst 30, refilling one request per minute: nothing refills during the test.
-    limits = RateLimits(requests_per_minute=1, request_burst=30)
+    limits = RateLimits(requests_per_minute=1, tokens_per_minute=None, burst=30)
     results = await asyncio.gather(
         *(attempt(limiters[i % 2], limits) for i in range(100))  # 2 x 50, interleaved
     )
@@ -96,7 +96,7 @@ async def test_two_replicas_enforce_one_request_limit(limiters: list[RedisRateLi
 
 
 async def test_two_replicas_enforce_one_token_limit(limiters: list[RedisRateLimiter]) -> None:
-    limits = RateLimits(tokens_per_minute=1, token_burst=3000)
+    limits = RateLimits(requests_per_minute=None, tokens_per_minute=1, token_burst=3000)
     results = await asyncio.gather(*(attempt(limiters[i % 2], limits, 100) for i in range(100)))
     granted = [r for r in results if isinstance(r, Reservation)]
     assert len(granted) == 30
@@ -125,8 +125,7 @@ SCENARIO: list[tuple[float, int, int | None]] = [
 
 
 async def run_scenario(limiter: RateLimiter, clock: FakeClock) -> list[object]:
-    limits = RateLimits(requests_per_minute=120, request_burst=4, tokens_per_minute=6000,
-                        token_burst=1000)  # fmt: skip
+    limits = RateLimits(requests_per_minute=120, tokens_per_minute=6000, burst=4, token_burst=1000)  # fmt: skip
     seen: list[object] = []
     for advance, reserve, used in SCENARIO:
         clock.now += advance
@@ -166,7 +165,7 @@ async def test_redis_and_memory_agree_step_by_step(server: RedisServer, prefix: 
 async def test_reconcile_and_release_through_redis(server: RedisServer, prefix: str) -> None:
     clock = FakeClock()
     limiter = RedisRateLimiter(server.url, key_prefix=prefix, clock=clock, op_timeout_s=PATIENT)
-    limits = RateLimits(requests_per_minute=2, tokens_per_minute=1000)
+    limits = RateLimits(requests_per_minute=2, tokens_per_minute=1000, burst=2)
     try:
         first = await limiter.reserve("t", limits=limits, tokens=800)
         await limiter.reconcile(first, 300)  # refund 500
@@ -190,12 +189,15 @@ async def test_reconcile_and_release_through_redis(server: RedisServer, prefix: 
 
 async def test_keys_expire_once_the_buckets_would_be_full(server: RedisServer, prefix: str) -> None:
     limiter = RedisRateLimiter(server.url, key_prefix=prefix, op_timeout_s=PATIENT)  # Redis TIME
-    limits = RateLimits(requests_per_minute=600, tokens_per_minute=60_000)
+    limits = RateLimits(requests_per_minute=600, tokens_per_minute=60_000, burst=600)
     try:
         await limiter.reserve("t", limits=limits, tokens=30_000)  # full again in 30 s
         ttl_ms = await limiter._client.pttl(limiter.key("t"))
         assert 30_000 < ttl_ms <= 31_000
-        await limiter.reserve("idle", limits=RateLimits(requests_per_minute=60_000))
+        await limiter.reserve(
+            "idle",
+            limits=RateLimits(requests_per_minute=60_000, tokens_per_minute=None, burst=60_000),
+        )
         ttl_ms = await limiter._client.pttl(limiter.key("idle"))
         assert 0 < ttl_ms <= 1_001
     finally:
@@ -205,7 +207,7 @@ async def test_keys_expire_once_the_buckets_would_be_full(server: RedisServer, p
 async def test_redis_time_refills(server: RedisServer, prefix: str) -> None:
     """With Redis's clock, a bucket refills in real time (60,000 per minute: 1 per ms)."""
     limiter = RedisRateLimiter(server.url, key_prefix=prefix, op_timeout_s=PATIENT)
-    limits = RateLimits(requests_per_minute=60_000, request_burst=1)
+    limits = RateLimits(requests_per_minute=60_000, tokens_per_minute=None, burst=1)
     try:
         await limiter.reserve("t", limits=limits)
         deadline = time.monotonic() + 2
@@ -221,7 +223,7 @@ async def test_redis_time_refills(server: RedisServer, prefix: str) -> None:
 
 async def test_fails_closed_when_redis_stops_and_recovers(private_server: RedisServer) -> None:
     limiter = RedisRateLimiter(private_server.url, on_error="closed")
-    limits = RateLimits(requests_per_minute=100, tokens_per_minute=10_000)
+    limits = RateLimits(requests_per_minute=100, tokens_per_minute=10_000, burst=100)
     try:
         before = await limiter.reserve("t", limits=limits, tokens=10)
         private_server.stop()
@@ -246,7 +248,7 @@ async def test_fails_closed_when_redis_stops_and_recovers(private_server: RedisS
 
 async def test_fails_open_when_redis_stops_and_counts_it(private_server: RedisServer) -> None:
     limiter = RedisRateLimiter(private_server.url, on_error="open")
-    limits = RateLimits(requests_per_minute=1)
+    limits = RateLimits(requests_per_minute=1, tokens_per_minute=None, burst=1)
     try:
         await limiter.reserve("t", limits=limits)
         assert isinstance(await attempt(limiter, limits), RateLimited)
@@ -264,7 +266,7 @@ async def test_fails_open_when_redis_stops_and_counts_it(private_server: RedisSe
 
 async def test_a_hung_redis_costs_one_timeout(private_server: RedisServer) -> None:
     limiter = RedisRateLimiter(private_server.url, on_error="closed", op_timeout_s=0.2)
-    limits = RateLimits(requests_per_minute=100)
+    limits = RateLimits(requests_per_minute=100, tokens_per_minute=None, burst=100)
     try:
         await limiter.reserve("t", limits=limits)
         private_server.pause()  # accepts nothing, answers nothing

@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Final, Literal
 
+import pydantic.dataclasses
+from pydantic import Field
+
+from guard._limits import LIMITS_CONFIG, PosInt
 from guard.errors import LimitExceeded, Overloaded, RateLimited
 
 # Refills are floats; without a tolerance a bucket refilled to 29.999999999 would refuse a
@@ -30,30 +34,35 @@ Listener = Callable[[str, str, float], None]
 """``listener(event, tenant, value)``: called for every counted event (see the metrics)."""
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True, config=LIMITS_CONFIG)
 class RateLimits:
-    """Per-tenant allowances. ``None`` disables that bucket.
+    """One tenant's allowances (the bucket fields of the policy's ``rate`` section). ``None``
+    disables that bucket; a bucket's capacity is its largest burst."""
 
-    A bucket's capacity (the largest burst) defaults to one minute of allowance, as OpenAI's
-    limits do; set ``*_burst`` lower to smooth bursts, higher to allow longer ones.
-    """
-
-    requests_per_minute: int | None = None
-    tokens_per_minute: int | None = None
-    request_burst: int | None = None
-    token_burst: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("requests_per_minute", "tokens_per_minute", "request_burst", "token_burst"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or value <= 0):
-                raise ValueError(f"RateLimits.{name} must be a positive integer or None")
+    requests_per_minute: PosInt | None = Field(
+        default=600,
+        description="Requests per minute per API key (token bucket refilled continuously). "
+        "`null`: unlimited.",
+    )
+    tokens_per_minute: PosInt | None = Field(
+        default=200_000,
+        description="Tokens per minute per API key, charged before forwarding with the prompt "
+        "tokens plus the reserved output (`max_tokens` x sequences), reconciled from the "
+        "upstream's `usage`. `null`: unlimited.",
+    )
+    burst: PosInt = Field(
+        default=20, description="Requests one key may send at once: the request bucket's capacity."
+    )
+    token_burst: PosInt | None = Field(
+        default=None,
+        description="The token bucket's capacity. `null`: `tokens_per_minute` (a minute's worth).",
+    )
 
     @cached_property  # read on every request
     def request_capacity(self) -> int | None:
         if self.requests_per_minute is None:
             return None
-        return self.request_burst or self.requests_per_minute
+        return self.burst
 
     @cached_property  # read on every request
     def token_capacity(self) -> int | None:

@@ -72,5 +72,5 @@ def check_guided(view: RequestView, policy: Policy) -> CheckResult | None:
         return None
     if _FIELDS is not None and _FIELDS.isdisjoint(body):
         return None
-    check_guided_decoding(body, policy.guided_limits)
+    check_guided_decoding(body, policy.limits.guided)
     return None

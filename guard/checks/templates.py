@@ -149,7 +149,7 @@ def _validate_chat_template(
 ) -> None:
     if not isinstance(source, str):
         raise TemplateError(CODE_INVALID, "the chat template must be a string")
-    sandbox = policy.chat_template_limits
+    sandbox = policy.limits.templates.chat_template
     compiled = compile_chat_template(source, sandbox)
     if not policy.limits.templates.render_request_chat_template:
         return

@@ -4,10 +4,8 @@ schemas and grammars, each bounded before an upstream compiles them.
 
 from __future__ import annotations
 
-from guard.guided._check import (
-    GuidedLimits,
-    check_guided_decoding,
-)
+from guard.guided._check import check_guided_decoding
+from guard.guided._limits import GuidedLimits
 
 __all__ = [
     "GuidedLimits",

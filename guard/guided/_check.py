@@ -26,7 +26,7 @@ invalid}``, ``guided_grammar_{too_deep,too_large,unsafe,invalid}``,
 ``guided_choice_{too_large,invalid}``; ``*_invalid`` is a :class:`~guard.errors.GuardError`,
 the rest :class:`~guard.errors.LimitExceeded`, all HTTP 400.
 
-Everything is a pure function of (request body, :class:`GuidedLimits`); refusals carry a stable
+Everything is a pure function of (request body, :class:`~guard.guided.GuidedLimits`); refusals carry a stable
 code and a ``param`` naming the field, and never quote attacker-sized text.
 """
 
@@ -37,55 +37,16 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import unquote
 
 from guard.errors import GuardError, LimitExceeded
 from guard.guided._grammar_scan import scan_gbnf, scan_nesting
+from guard.guided._limits import GuidedLimits
 from guard.guided._re2 import re2_program_size
-from guard.guided._regex_scan import UNSAFE, RegexRejected, ScanLimits, scan_regex
+from guard.guided._regex_scan import UNSAFE, RegexRejected, scan_regex
 
-__all__ = ["GuidedLimits", "check_guided_decoding"]
-
-
-@dataclass(frozen=True)
-class GuidedLimits:
-    """Limits for guided-decoding constraints. Counts marked "per request" are summed over all
-    regexes, schemas or grammars in one request body."""
-
-    # Regexes. RE2 compile time grows with program size (~0.3 µs per instruction), so the
-    # program size caps bound it; the structural scan estimates the size before compiling.
-    max_regex_length: int = 2048
-    max_regex_nesting: int = 32
-    max_regex_repeat_product: int = 1000
-    max_regex_program_size: int = 10_000
-    max_regex_ambiguous_ways: int = 4096
-    max_regex_adjacent_unbounded: int = 4
-    re2_max_mem: int = 1 << 20
-    max_regexes: int = 128  # per request
-    max_regex_total_length: int = 16_384  # per request
-    max_regex_total_program_size: int = 50_000  # per request
-    # JSON schemas.
-    max_schema_depth: int = 64  # JSON nesting, also after $ref expansion
-    max_schema_nodes: int = 10_000  # per request, after $ref expansion
-    max_schema_chars: int = 262_144  # per request: keys and string values
-    max_schema_refs: int = 256  # per request
-    allow_recursive_refs: bool = False
-    max_schema_enum: int = 1024
-    max_schema_length_bound: int = 10_000  # minLength / maxLength
-    max_schema_items_bound: int = 1_000  # min/max Items, Properties, Contains
-    max_schema_number: float = 1e15  # |minimum|, |maximum|, multipleOf, ...
-    max_schemas: int = 128  # per request
-    # Grammars (GBNF, EBNF, Lark).
-    max_grammar_chars: int = 32_768
-    max_grammar_depth: int = 64
-    max_grammar_rules: int = 1024
-    max_grammar_repeat: int = 1000  # nested {m,n} product
-    max_grammar_repeat_total: int = 10_000  # sum of {m,n} counts in one grammar
-    # Choice lists.
-    max_choices: int = 256
-    max_choice_chars: int = 65_536
+__all__ = ["check_guided_decoding"]
 
 
 # ---- errors and parameter paths --------------------------------------------------------------
@@ -125,13 +86,6 @@ class _Ctx:
 
     def __init__(self, limits: GuidedLimits) -> None:
         self.limits = limits
-        self.scan_limits = ScanLimits(
-            max_nesting=limits.max_regex_nesting,
-            max_repeat_product=limits.max_regex_repeat_product,
-            max_program_size=limits.max_regex_program_size,
-            max_ambiguous_ways=limits.max_regex_ambiguous_ways,
-            max_adjacent_unbounded=limits.max_regex_adjacent_unbounded,
-        )
         self.regexes = 0
         self.regex_chars = 0
         self.regex_program = 0
@@ -192,9 +146,7 @@ def _check_regex(ctx: _Ctx, pattern: Any, path: _Path) -> None:
     # repeat the same ones).
     known = ctx.regex_sizes.get(pattern)
     try:
-        scan_size = (
-            known if known is not None else scan_regex(pattern, ctx.scan_limits).est_program_size
-        )
+        scan_size = known if known is not None else scan_regex(pattern, ctx.limits).est_program_size
         ctx.regex_program += scan_size
         if ctx.regex_program > limits.max_regex_total_program_size:
             _limit(

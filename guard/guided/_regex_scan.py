@@ -40,6 +40,8 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple, NoReturn
 
+from guard.guided._limits import GuidedLimits
+
 INVALID = "guided_regex_invalid"
 UNSAFE = "guided_regex_unsafe"
 
@@ -51,15 +53,6 @@ class RegexRejected(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True)
-class ScanLimits:
-    max_nesting: int = 32
-    max_repeat_product: int = 1000
-    max_program_size: int = 10_000
-    max_ambiguous_ways: int = 4096
-    max_adjacent_unbounded: int = 4
 
 
 @dataclass(frozen=True)
@@ -301,12 +294,12 @@ def _add(a: int | None, b: int | None) -> int | None:
 
 
 class _Scanner:
-    def __init__(self, pattern: str, limits: ScanLimits) -> None:
+    def __init__(self, pattern: str, limits: GuidedLimits) -> None:
         self.p = pattern
         self.n = len(pattern)
         self.limits = limits
         self.fold = _has_fold_flag(pattern)
-        self.max_bits = math.log2(max(limits.max_ambiguous_ways, 1))
+        self.max_bits = math.log2(max(limits.max_regex_ambiguous_ways, 1))
         self.stack: list[_Frame] = [_Frame(False, False, _NO_CHAIN)]
         self.max_product = 1
         self.max_depth = 0
@@ -390,10 +383,10 @@ class _Scanner:
                 )
             else:
                 frame.chain = _Chain(e.chars, e.first, e.last, 1, int(unbounded), depth, unbounded)
-            if frame.chain.unbounded_count > self.limits.max_adjacent_unbounded:
+            if frame.chain.unbounded_count > self.limits.max_regex_adjacent_unbounded:
                 raise RegexRejected(
                     UNSAFE,
-                    f"more than {self.limits.max_adjacent_unbounded} adjacent unbounded "
+                    f"more than {self.limits.max_regex_adjacent_unbounded} adjacent unbounded "
                     "repetitions can match the same characters (polynomial backtracking)",
                 )
         elif chain.k and not e.nullable:
@@ -468,10 +461,10 @@ class _Scanner:
         limits = self.limits
         count = hi if hi is not None else max(lo, 1)
         e.product = min(e.product * max(count, 1), _NUM_CAP)
-        if e.product > limits.max_repeat_product:
+        if e.product > limits.max_regex_repeat_product:
             raise RegexRejected(
                 UNSAFE,
-                f"nested repetition counts multiply to more than {limits.max_repeat_product}",
+                f"nested repetition counts multiply to more than {limits.max_regex_repeat_product}",
             )
         if e.product > self.max_product:
             self.max_product = e.product
@@ -699,9 +692,9 @@ class _Scanner:
                 # anything else is left for RE2 to refuse; scan it as a plain group
         parent = self.stack[-1]
         self._commit(parent)
-        if len(self.stack) > self.limits.max_nesting:
+        if len(self.stack) > self.limits.max_regex_nesting:
             raise RegexRejected(
-                UNSAFE, f"groups are nested more than {self.limits.max_nesting} deep"
+                UNSAFE, f"groups are nested more than {self.limits.max_regex_nesting} deep"
             )
         self.stack.append(_Frame(capture, zero_width, parent.chain))
         if len(self.stack) - 1 > self.max_depth:
@@ -730,15 +723,15 @@ class _Scanner:
         raise RegexRejected(
             UNSAFE,
             f"repeated groups can match the same text in more than "
-            f"{self.limits.max_ambiguous_ways} ways (ambiguous alternation or optional part, "
+            f"{self.limits.max_regex_ambiguous_ways} ways (ambiguous alternation or optional part, "
             "as in (a|a)* or (a|aa)*)",
         )
 
     def _check_size(self, size: int) -> None:
-        if size > self.limits.max_program_size:
+        if size > self.limits.max_regex_program_size:
             raise RegexRejected(
                 UNSAFE,
-                f"the compiled pattern would exceed {self.limits.max_program_size} instructions",
+                f"the compiled pattern would exceed {self.limits.max_regex_program_size} instructions",
             )
 
     def _literal_run(self, i: int) -> int:
@@ -862,6 +855,6 @@ def _has_fold_flag(pattern: str) -> bool:
     return False
 
 
-def scan_regex(pattern: str, limits: ScanLimits) -> ScanResult:
+def scan_regex(pattern: str, limits: GuidedLimits) -> ScanResult:
     """Scan ``pattern`` in one pass; raise :class:`RegexRejected` on the first problem."""
     return _Scanner(pattern, limits).scan()

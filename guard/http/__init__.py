@@ -4,6 +4,7 @@ pooled upstream client, SSE relay and client-disconnect hooks.
 
 from __future__ import annotations
 
+from guard.http._client import UpstreamConfig
 from guard.http._disconnect import (
     DISCONNECT_EXTENSION,
     DisconnectHook,
@@ -26,7 +27,6 @@ from guard.http._sse_relay import (
 from guard.http._upstream import (
     HOP_BY_HOP,
     Upstream,
-    UpstreamConfig,
     UpstreamError,
     UpstreamResponse,
     response_headers,

@@ -25,21 +25,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import ssl
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
+import pydantic
+import pydantic.dataclasses
+from pydantic import Field
+
+from guard._limits import LIMITS_CONFIG, PosFloat, PosInt
 
 __all__ = [
     "ClientError",
     "ConnectFailed",
     "ConnectionPool",
-    "PoolConfig",
     "Response",
     "ResponseBroken",
+    "UpstreamConfig",
     "UpstreamTimeout",
 ]
 
@@ -71,16 +76,51 @@ class UpstreamTimeout(ClientError, TimeoutError):
     """A connect, read or total timeout ran out."""
 
 
-@dataclass(frozen=True)
-class PoolConfig:
-    """Where the upstream is and how long to wait (see :class:`guard.http._upstream.UpstreamConfig`)."""
+# Idle pooled connections are closed after this; below the upstream's own keep-alive timeout
+# (uvicorn's default is 5 s), so that a connection the upstream is closing is not reused.
+KEEPALIVE_S = 4.0
+_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
 
-    url: str
-    max_connections: int = 512
-    keepalive_s: float = 4.0
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 120.0
-    total_timeout_s: float = 600.0
+
+@pydantic.dataclasses.dataclass(frozen=True, config=LIMITS_CONFIG)
+class UpstreamConfig:
+    """Where the upstream is and how long to wait for it: the policy's ``upstream`` section.
+
+    The read timeout runs between two reads of the response (headers included), so a stream
+    that goes silent is cut while a long one that keeps producing is not.
+    """
+
+    url: str | None = Field(
+        default=None,
+        description="Base URL of the upstream server (vLLM, SGLang, llama.cpp, TGI or the "
+        "reference scheduler), e.g. `http://127.0.0.1:8000`. `null`: `schedguard serve` starts "
+        "the reference scheduler (hardened profile) as an embedded upstream.",
+    )
+    connect_timeout_s: PosFloat = Field(
+        default=5.0, description="Seconds to open a connection to the upstream (then 502)."
+    )
+    read_timeout_s: PosFloat = Field(
+        default=60.0,
+        description="Seconds to wait for the next bytes of an upstream response, streamed or "
+        "not (then 504). Covers the time to the first token of a long prompt.",
+    )
+    total_timeout_s: PosFloat = Field(
+        default=600.0,
+        description="Seconds one upstream request may take in all, stream included (then 504 "
+        "or, mid-stream, a cleanly ended stream).",
+    )
+    max_connections: PosInt = Field(
+        default=256,
+        description="Pooled keep-alive connections to the upstream, at most; as many as the "
+        "upstream's concurrent requests (vLLM's default `max_num_seqs` is 256).",
+    )
+
+    @pydantic.field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not _URL.fullmatch(value):
+            raise ValueError("must be an http:// or https:// URL without query or fragment")
+        return value.rstrip("/") if value is not None else None
 
 
 class Response:
@@ -359,11 +399,12 @@ class ConnectionPool:
     """Keep-alive connections to one ``http://`` or ``https://`` origin, at most
     ``max_connections`` open; callers beyond wait in line (within the connect timeout)."""
 
-    def __init__(self, config: PoolConfig) -> None:
-        parts = urlsplit(config.url)
+    def __init__(self, config: UpstreamConfig, *, keepalive_s: float = KEEPALIVE_S) -> None:
+        parts = urlsplit(config.url or "")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {config.url!r}")
         self.config = config
+        self.keepalive_s = keepalive_s
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.ssl: ssl.SSLContext | None = (
@@ -458,7 +499,7 @@ class ConnectionPool:
             idle = self._idle
             if idle:
                 now = self.loop.time()
-                keepalive = self.config.keepalive_s
+                keepalive = self.keepalive_s
                 while idle:
                     conn = idle.pop()
                     if not conn.closed and now - conn.idle_since < keepalive:
@@ -526,7 +567,7 @@ class ConnectionPool:
         idle = self._idle
         idle.append(conn)
         # The oldest idle connection is the first to expire: close it here, not by a timer.
-        keepalive = self.config.keepalive_s
+        keepalive = self.keepalive_s
         while idle and now - idle[0].idle_since >= keepalive:
             idle.popleft().close()
 

@@ -9,7 +9,7 @@ buffer it:
 - a declared ``Content-Length`` above the cap is refused before one byte is read, and a chunked
   (or lying) body is refused as soon as the bytes received cross the cap: ``body_too_large``
   (413) either way, so no body bigger than the cap is ever held;
-- the whole body must arrive within ``body_timeout_s`` (a slow-loris sender gets 408
+- the whole body must arrive within ``body_read_timeout_s`` (a slow-loris sender gets 408
   ``body_timeout``);
 - ``Content-Encoding`` is refused (415 ``unsupported_content_encoding``) or, when the policy
   allows it, ``gzip``/``deflate`` are inflated as they arrive, in bounded steps, under an output
@@ -33,8 +33,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+import pydantic
+import pydantic.dataclasses
+from pydantic import Field
 from starlette.types import Receive
 
+from guard._limits import LIMITS_CONFIG, PosFloat, PosInt
 from guard.errors import GuardError, LimitExceeded
 
 __all__ = [
@@ -54,45 +58,73 @@ _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate":
 _INFLATE_STEP = 64 << 10
 # Request ids longer than this (or not printable ASCII) are replaced, not echoed.
 MAX_REQUEST_ID_BYTES = 128
+# The inflate ratio is not checked below this much output (small repetitive JSON is fine).
+RATIO_FLOOR_BYTES = 64 << 10
+# After a refusal, this much more body is read and discarded so that a client that writes its
+# whole body before reading still gets the answer (nginx's lingering close); beyond it the
+# connection is closed unread.
+LINGER_BYTES = 1 << 20
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True, config=LIMITS_CONFIG)
 class FramingLimits:
-    """Limits on the HTTP framing of one request.
+    """Limits on the HTTP framing of one request: the policy's ``limits.body`` section.
 
-    - ``max_body_bytes``: bytes on the wire (compressed, if encoded).
-    - ``max_headers`` / ``max_header_bytes``: number of header lines and their total size
-      (names + values + 4 bytes of separators each).
-    - ``body_timeout_s``: the whole body must arrive within this time of the first read.
-    - ``content_encoding``: ``"refuse"`` any encoding but ``identity``, or ``"inflate"`` gzip and
-      deflate under ``max_inflated_bytes`` and ``max_inflate_ratio`` (inflated / compressed,
-      checked once the output exceeds ``ratio_floor_bytes``, so small bodies of repetitive JSON
-      still pass).
-    - ``linger_bytes``: after a refusal, this much more body is read and discarded so that a
-      client that writes its whole body before reading still gets the answer (nginx's
-      lingering close); beyond it the connection is closed unread.
+    ``max_body_bytes`` counts bytes on the wire (compressed, if encoded); ``max_header_bytes``
+    counts names + values + 4 bytes of separators per header. The inflate ratio is checked once
+    the output exceeds ``RATIO_FLOOR_BYTES``, so small bodies of repetitive JSON still pass.
     """
 
-    max_body_bytes: int = 1 << 20
-    max_headers: int = 64
-    max_header_bytes: int = 16 << 10
-    body_timeout_s: float = 10.0
-    content_encoding: EncodingPolicy = "refuse"
-    max_inflated_bytes: int = 1 << 20
-    max_inflate_ratio: float = 100.0
-    ratio_floor_bytes: int = 64 << 10
-    linger_bytes: int = 1 << 20
+    max_body_bytes: PosInt = Field(
+        default=4 * 1_048_576,
+        description="Largest request body in bytes, counted while reading (413 before the "
+        "rest is read). 4 MiB holds a 2048-token prompt many times over and a few base64 "
+        "images; raise it with `limits.json.max_string_bytes` for larger media.",
+    )
+    max_header_count: PosInt = Field(
+        default=100,
+        description="Most request headers (HTTP clients send about 10 to 20; Go and nginx "
+        "accept about 100).",
+    )
+    max_header_bytes: PosInt = Field(
+        default=16_384,
+        description="Most bytes of all request headers together (Node.js's default; one "
+        "8 MB header is a known attack, vLLM GHSA-rxc4-3w6r-4v47).",
+    )
+    body_read_timeout_s: PosFloat = Field(
+        default=10.0,
+        description="Seconds allowed to receive the whole body (a slow body then gets 408).",
+    )
+    content_encoding: EncodingPolicy = Field(
+        default="refuse",
+        description="`refuse`: a compressed body (`Content-Encoding` other than `identity`) "
+        "gets 415. `inflate`: gzip and deflate bodies are inflated under "
+        "`max_inflated_bytes` and `max_inflate_ratio`, and the inflated body is checked.",
+    )
+    max_inflated_bytes: PosInt = Field(
+        default=4 * 1_048_576,
+        description="With `inflate`: largest body after inflating (413 beyond it; inflating "
+        "stops there, so a gzip bomb costs at most this much).",
+    )
+    max_inflate_ratio: PosFloat = Field(
+        default=32.0,
+        description="With `inflate`: largest ratio of inflated to compressed size (JSON "
+        "compresses 5 to 10 times; bombs 1000 times).",
+    )
 
-    def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_headers", "max_header_bytes", "max_inflated_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"FramingLimits.{name} must be > 0")
-        if not self.body_timeout_s > 0:
-            raise ValueError("FramingLimits.body_timeout_s must be > 0")
-        if not self.max_inflate_ratio >= 1:
-            raise ValueError("FramingLimits.max_inflate_ratio must be >= 1")
-        if self.content_encoding not in ("refuse", "inflate"):
-            raise ValueError("FramingLimits.content_encoding must be 'refuse' or 'inflate'")
+    @pydantic.field_validator("max_inflate_ratio")
+    @classmethod
+    def _not_below_one(cls, value: float) -> float:
+        if value < 1:  # after the > 0 check, so that 0 reads as every other bound does
+            raise ValueError("must be >= 1")
+        return value
+
+    @property
+    def largest_body(self) -> int:
+        """The largest body :func:`read_body` returns (decoded)."""
+        if self.content_encoding == "inflate":
+            return max(self.max_body_bytes, self.max_inflated_bytes)
+        return self.max_body_bytes
 
 
 @dataclass(frozen=True)
@@ -139,10 +171,10 @@ def inspect_head(headers: Iterable[tuple[bytes, bytes]], limits: FramingLimits) 
     for name, value in headers:
         count += 1
         size += len(name) + len(value) + 4
-        if count > limits.max_headers:
+        if count > limits.max_header_count:
             raise LimitExceeded(
                 "too_many_headers",
-                f"the request has more than {limits.max_headers} headers",
+                f"the request has more than {limits.max_header_count} headers",
                 status=431,
                 headers=_CLOSE,
             )
@@ -243,9 +275,8 @@ class _Inflater:
                 "decompressed_body_too_large",
                 f"the decompressed body exceeds {limits.max_inflated_bytes} bytes",
             )
-        if (
-            self._out_bytes > limits.ratio_floor_bytes
-            and self._out_bytes > limits.max_inflate_ratio * max(self._in_bytes, 1)
+        if self._out_bytes > RATIO_FLOOR_BYTES and self._out_bytes > limits.max_inflate_ratio * max(
+            self._in_bytes, 1
         ):
             raise _too_large(
                 "compression_ratio_exceeded",
@@ -275,16 +306,18 @@ async def read_body(
     receive: Receive,
     head: RequestHead,
     limits: FramingLimits,
+    *,
+    linger_bytes: int = LINGER_BYTES,
 ) -> bytes:
     """Read the whole request body from ``receive`` under ``limits``; return it decoded.
 
     Raises :class:`GuardError` (413, 408, 415, 400) or :class:`ClientDisconnected`. After a
-    refusal, up to ``limits.linger_bytes`` more of the body are read and discarded (within the
+    refusal, up to ``linger_bytes`` more of the body are read and discarded (within the
     same deadline) so that a client that sends its whole body before reading sees the answer;
     a body bigger than that is left unread and the refusal carries ``connection: close``.
     """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + limits.body_timeout_s
+    deadline = loop.time() + limits.body_read_timeout_s
     progress = _Progress()
     try:
         async with asyncio.timeout_at(deadline):
@@ -292,7 +325,7 @@ async def read_body(
     except TimeoutError:
         raise GuardError(
             "body_timeout",
-            f"the request body did not arrive within {limits.body_timeout_s:g} s",
+            f"the request body did not arrive within {limits.body_read_timeout_s:g} s",
             status=408,
             headers=_CLOSE,
         ) from None
@@ -303,7 +336,9 @@ async def read_body(
         if not drained:
             try:
                 async with asyncio.timeout_at(deadline):
-                    drained = await _drain(receive, head, limits, progress)
+                    drained = await _drain(
+                        receive, head, limits.max_body_bytes + linger_bytes, progress
+                    )
             except (TimeoutError, ClientDisconnected):
                 drained = False
         if not drained:
@@ -353,11 +388,8 @@ async def _read(
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-async def _drain(
-    receive: Receive, head: RequestHead, limits: FramingLimits, progress: _Progress
-) -> bool:
-    """Read and discard the rest of the body if it ends within the linger budget."""
-    budget = limits.max_body_bytes + limits.linger_bytes
+async def _drain(receive: Receive, head: RequestHead, budget: int, progress: _Progress) -> bool:
+    """Read and discard the rest of the body if it ends within ``budget`` bytes in all."""
     if head.content_length is not None and head.content_length > budget:
         return False
     while progress.received <= budget:

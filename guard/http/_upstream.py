@@ -24,21 +24,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass
 
 from guard.errors import GuardError
 from guard.http._client import (
+    KEEPALIVE_S,
     ClientError,
     ConnectFailed,
     ConnectionPool,
-    PoolConfig,
     Response,
+    UpstreamConfig,
 )
 
 __all__ = [
     "HOP_BY_HOP",
     "Upstream",
-    "UpstreamConfig",
     "UpstreamError",
     "UpstreamResponse",
     "response_headers",
@@ -80,43 +79,6 @@ class UpstreamError(GuardError):
 
     status = 502
     type = "server_error"
-
-
-@dataclass(frozen=True)
-class UpstreamConfig:
-    """Where the upstream is and how long to wait for it.
-
-    - ``connect_timeout_s``: to open a connection (pool wait included);
-    - ``read_timeout_s``: between two reads of the response (headers included), so a stream
-      that goes silent is cut while a long one that keeps producing is not;
-    - ``total_timeout_s``: the whole exchange, streams included;
-    - ``keepalive_s``: idle pooled connections are closed after this; keep it below the
-      upstream's own keep-alive timeout (uvicorn's default is 5 s) to avoid reusing a connection
-      the upstream is closing.
-    """
-
-    url: str
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 120.0
-    total_timeout_s: float = 600.0
-    max_connections: int = 512
-    keepalive_s: float = 4.0
-    health_path: str = "/health"
-    health_timeout_s: float = 2.0
-    api_key: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"upstream url must start with http:// or https://, got {self.url!r}")
-        for name in ("connect_timeout_s", "read_timeout_s", "total_timeout_s", "keepalive_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"UpstreamConfig.{name} must be > 0")
-        if self.max_connections <= 0:
-            raise ValueError("UpstreamConfig.max_connections must be > 0")
-
-    @property
-    def base(self) -> str:
-        return self.url.rstrip("/")
 
 
 def _map_error(exc: BaseException) -> UpstreamError:
@@ -207,26 +169,35 @@ def response_headers(resp: UpstreamResponse) -> list[tuple[bytes, bytes]]:
 
 
 class Upstream:
-    """The pooled client of one upstream base URL."""
+    """The pooled client of one upstream: ``config.url`` with ``config``'s timeouts.
 
-    def __init__(self, config: UpstreamConfig) -> None:
+    ``health_path`` is probed by :meth:`ready` (within ``health_timeout_s``); ``api_key``, when
+    set, is sent upstream on every request instead of the client's; idle pooled connections are
+    closed after ``keepalive_s``.
+    """
+
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        *,
+        health_path: str = "/health",
+        health_timeout_s: float = 2.0,
+        api_key: str | None = None,
+        keepalive_s: float = KEEPALIVE_S,
+    ) -> None:
+        if config.url is None:
+            raise ValueError("the upstream config has no url")
         self.config = config
+        self.health_path = health_path
+        self.health_timeout_s = health_timeout_s
+        self.api_key = api_key
+        self.keepalive_s = keepalive_s
         self._pool: ConnectionPool | None = None
 
     def _get_pool(self) -> ConnectionPool:
         pool = self._pool
         if pool is None:
-            cfg = self.config
-            pool = self._pool = ConnectionPool(
-                PoolConfig(
-                    url=cfg.base,
-                    max_connections=cfg.max_connections,
-                    keepalive_s=cfg.keepalive_s,
-                    connect_timeout_s=cfg.connect_timeout_s,
-                    read_timeout_s=cfg.read_timeout_s,
-                    total_timeout_s=cfg.total_timeout_s,
-                )
-            )
+            pool = self._pool = ConnectionPool(self.config, keepalive_s=self.keepalive_s)
         return pool
 
     async def aclose(self) -> None:
@@ -265,8 +236,8 @@ class Upstream:
             out = [(name, value) for name, value in headers if name not in _NOT_FORWARDED_RAW]
         out.append(_IDENTITY)
         out.append((b"x-request-id", request_id.encode("latin-1")))
-        if self.config.api_key is not None:
-            out.append((b"authorization", f"Bearer {self.config.api_key}".encode("latin-1")))
+        if self.api_key is not None:
+            out.append((b"authorization", f"Bearer {self.api_key}".encode("latin-1")))
         elif authorization is not None:
             out.append((b"authorization", authorization.encode("latin-1")))
         target = path + "?" + query if query else path
@@ -281,14 +252,14 @@ class Upstream:
     async def ready(self) -> bool:
         """Whether the upstream answers 2xx within ``health_timeout_s`` on its health path, or,
         for an upstream without one (404), on ``/v1/models``."""
-        for path in (self.config.health_path, "/v1/models"):
+        for path in (self.health_path, "/v1/models"):
             status = await self._probe(path)
             if status != 404:
                 return status is not None and 200 <= status < 300
         return False
 
     async def _probe(self, path: str) -> int | None:
-        timeout = self.config.health_timeout_s
+        timeout = self.health_timeout_s
         try:
             async with asyncio.timeout(timeout):  # the connect included
                 resp = await self._get_pool().request(

@@ -50,7 +50,7 @@ from guard.jinja._meters import (
     set_state,
 )
 from guard.jinja._sandbox import GuardedTemplate, HardenedEnvironment
-from guard.jinja._scan import ScanLimitError, ScanLimits, ScanStats, scan_template
+from guard.jinja._scan import ScanLimitError, ScanStats, scan_template
 
 __all__ = [
     "CODE_DEADLINE",
@@ -153,15 +153,6 @@ def check_request_template_fields(
 # -- checking and compiling -------------------------------------------------------------------
 
 
-def _scan_limits(limits: ChatTemplateLimits) -> ScanLimits:
-    return ScanLimits(
-        max_source_bytes=limits.max_source_bytes,
-        max_block_nesting=limits.max_block_nesting,
-        max_expr_nesting=limits.max_expr_nesting,
-        max_syntax_tokens=limits.max_syntax_tokens,
-    )
-
-
 def _scan_error(exc: ScanLimitError) -> LimitExceeded:
     if exc.kind == "size":
         return LimitExceeded(
@@ -200,7 +191,7 @@ def check_chat_template(source: str, limits: ChatTemplateLimits = DEFAULT_LIMITS
     if not isinstance(source, str):
         raise TemplateError(CODE_INVALID, "the chat template must be a string")
     try:
-        return scan_template(source, _scan_limits(limits))
+        return scan_template(source, limits)
     except ScanLimitError as exc:
         raise _scan_error(exc) from None
 

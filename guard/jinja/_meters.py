@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from guard._limits import LIMITS_CONFIG, PosFloat, PosInt
 from guard.budget import Budget
 from guard.errors import LimitExceeded, TemplateError
 
@@ -34,29 +37,52 @@ CODE_RENDER_FAILED = "chat_template_render_failed"
 CODE_DEADLINE = "deadline_exceeded"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=LIMITS_CONFIG)
 class ChatTemplateLimits:
-    """Limits of the hardened sandbox. ``None`` deadline means no own deadline (a Budget's still
-    applies). Sizes are in characters; a container item counts as 8 towards ``max_materialized``.
-    """
+    """Limits of the hardened sandbox (the policy's ``limits.templates.chat_template`` section,
+    with the guard's own deadline). Sizes are in characters; a container item counts as
+    ``ITEM_WEIGHT`` towards ``max_materialized``."""
 
     # Checked by a linear scan before compiling.
-    max_source_bytes: int = 64 * 1024
-    max_block_nesting: int = 16
-    max_expr_nesting: int = 16
-    max_syntax_tokens: int = 6_000
+    max_source_bytes: PosInt = Field(
+        default=64 * 1024, description="Largest request chat template (real ones are 1 to 10 KB)."
+    )
+    max_block_nesting: PosInt = Field(default=16, description="Deepest `{% %}` block nesting.")
+    max_expr_nesting: PosInt = Field(
+        default=16, description="Deepest bracket nesting in expressions."
+    )
+    max_syntax_tokens: PosInt = Field(default=6_000, description="Most Jinja syntax tokens.")
     # Checked while rendering.
-    max_iterations: int = 50_000  # loop items + calls (macros, methods), whole render
-    max_range: int = 10_000
-    max_value_chars: int = 256 * 1024  # any one string the template makes
-    max_items: int = 65_536  # any one list/tuple/dict the template makes
-    max_int_bits: int = 4096
-    max_width: int = 1024  # padding, indent, format width/precision, wrap string
-    max_format_fields: int = 256
-    max_call_depth: int = 64
-    max_materialized: int = 16 * 1024 * 1024  # everything made, summed over the render
-    max_output_chars: int = 1024 * 1024
-    deadline_s: float | None = 1.0
+    max_iterations: PosInt = Field(
+        default=50_000,
+        description="Loop items plus calls over one whole render (nested loops count).",
+    )
+    max_range: PosInt = Field(default=10_000, description="Largest `range()`.")
+    max_value_chars: PosInt = Field(
+        default=256 * 1024, description="Longest string the template makes (`'A' * 10**10` stops)."
+    )
+    max_items: PosInt = Field(default=65_536, description="Longest list, tuple or dict it makes.")
+    max_int_bits: PosInt = Field(
+        default=4096, description="Largest integer, in bits (`10**(10**7)`)."
+    )
+    max_width: PosInt = Field(
+        default=1024,
+        description="Widest padding, indent, format width or precision (`center`, ...).",
+    )
+    max_format_fields: PosInt = Field(
+        default=256, description="Most fields in one `format` string."
+    )
+    max_call_depth: PosInt = Field(default=64, description="Deepest macro and call nesting.")
+    max_materialized: PosInt = Field(
+        default=16 * 1024 * 1024,
+        description="Everything the render makes, summed (characters; 8 per container item).",
+    )
+    max_output_chars: PosInt = Field(default=1024 * 1024, description="Longest rendered prompt.")
+    deadline_s: PosFloat | None = Field(
+        default=1.0,
+        description="Seconds one render may take. `null`: none of its own (a `Budget`'s "
+        "deadline still applies).",
+    )
 
 
 DEFAULT_LIMITS = ChatTemplateLimits()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from guard.jinja._meters import ChatTemplateLimits
+
 # ``{{``, ``{%`` or ``{#``: the three ways into a tag.
 _OPEN = re.compile(r"\{[{%#]")
 _COMMENT_END = re.compile(r"[-+]?#\}")
@@ -34,14 +36,6 @@ _BLOCK_END = re.compile(r"[-+]?%\}")
 
 _OPENERS = frozenset({"for", "if", "macro", "call", "filter", "with", "block", "autoescape"})
 _CLOSERS = frozenset({f"end{name}" for name in (*_OPENERS, "set")})
-
-
-@dataclass(frozen=True)
-class ScanLimits:
-    max_source_bytes: int
-    max_block_nesting: int
-    max_expr_nesting: int
-    max_syntax_tokens: int
 
 
 @dataclass(frozen=True)
@@ -73,7 +67,7 @@ def utf8_length_upper_bound_exceeds(source: str, limit: int) -> bool:
     return len(source.encode("utf-8", "surrogatepass")) > limit
 
 
-def scan_template(source: str, limits: ScanLimits) -> ScanStats:
+def scan_template(source: str, limits: ChatTemplateLimits) -> ScanStats:
     """Measure ``source``; raise :class:`ScanLimitError` at the first limit crossed."""
     if utf8_length_upper_bound_exceeds(source, limits.max_source_bytes):
         size = len(source.encode("utf-8", "surrogatepass")) if len(source) < (1 << 24) else -1
@@ -89,7 +83,7 @@ def scan_template(source: str, limits: ScanLimits) -> ScanStats:
 
 
 class _Scanner:
-    def __init__(self, source: str, limits: ScanLimits) -> None:
+    def __init__(self, source: str, limits: ChatTemplateLimits) -> None:
         self.src = source
         self.limits = limits
         self.blocks = 0

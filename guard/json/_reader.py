@@ -1,9 +1,9 @@
 """A bounded JSON body reader: every limit checked before or while parsing, nothing unbounded built.
 
-``parse_json_body(body, limits)`` reads a request body in four steps, each linear in its size
-and each stopping at the first limit crossed:
+``parse_json_body(body, limits, max_body_bytes)`` reads a request body in four steps, each linear
+in its size and each stopping at the first limit crossed:
 
-1. size (``body_too_large``, 413), strict UTF-8 (``invalid_utf8``), and no lone surrogate
+1. size, when bounded (``body_too_large``, 413), strict UTF-8 (``invalid_utf8``), and no lone surrogate
    escape such as ``"\\ud800"`` (``invalid_utf8``: it has no UTF-8 form and upstreams differ on
    it);
 2. scans before parsing, in C (see ``guard/json/_pattern.py``), respecting strings and
@@ -34,9 +34,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from guard._limits import LIMITS_CONFIG
 from guard.errors import GuardError, LimitExceeded
 from guard.json import _locate as locate
 from guard.json import _pattern as pattern
@@ -50,51 +53,59 @@ _REPEAT_MAX = 2**31 - 1  # well under the regex engine's repeat limit
 _LOCATE_WITHIN = 64 * 1024
 
 
-@dataclass(frozen=True)
-class JsonLimits:
-    """Limits on one JSON request body. The defaults suit OpenAI-style API requests.
+# The scan's patterns repeat a group up to a limit's value times.
+_Count = Annotated[int, Field(strict=True, gt=0, le=_REPEAT_MAX)]
 
-    - ``max_depth`` 32: a chat request nests about 5 deep; a tool or ``response_format`` JSON
-      schema adds two levels per schema level (OpenAI allows 5 to 10 schema levels). At most
-      128 (the scan is a pattern nested that many times).
-    - ``max_keys_per_object`` 256: request objects have a few dozen fields; ``logit_bias`` maps
-      are capped by providers at about 300 entries and by the fan-out check separately.
-    - ``max_total_keys`` 10,000: bounds the dictionaries built for the whole body.
-    - ``max_array_length`` 4,096: messages, content parts, tools, stop sequences and batched
-      prompts; a prompt of token ids longer than that exceeds the token cap (2,048 by default)
-      anyway. Raise it for long token-id prompts or embedding inputs.
-    - ``max_string_bytes`` 1 MiB, measured as UTF-8 after unescaping (keys too): a long prompt
-      or a ~750 KB image as a base64 data URL.
-    - ``max_number_chars`` 64: the number token as written (sign, digits, point, exponent);
-      64-bit integers take 20, a float's shortest form 24.
-    - ``max_containers`` 100,000 arrays and objects in all: an empty list costs the parser 56
-      bytes for 2 bytes of body, so without this cap a 4 MiB body of ``[[[]]]`` takes 180 MB.
-    - ``max_body_bytes`` 4 MiB: with the caps above, the parsed form of a body within limits
-      takes at most about 15 times its size (a dense array of 2-character strings; text and
-      request bodies take 1 to 5 times), so at most ~60 MB while one body is parsed
-      (measured: bench/json_scan.py --memory).
+
+@dataclass(frozen=True, config=LIMITS_CONFIG)
+class JsonLimits:
+    """Limits on one JSON request body: the policy's ``limits.json`` section. The defaults suit
+    OpenAI-style API requests: a chat request nests about 5 deep and has a few dozen fields;
+    ``logit_bias`` maps are capped by providers at about 300 entries (and by the fan-out check);
+    a prompt of token ids longer than ``max_array_length`` exceeds the token cap anyway.
+
+    With these caps, the parsed form of a body takes at most about 15 times its size (a dense
+    array of 2-character strings; text and request bodies take 1 to 5 times), so ~60 MB while
+    one 4 MiB body is parsed (measured: bench/json_scan.py --memory). The body's size is the
+    framing's to bound (``limits.body``); :func:`parse_json_body` takes it separately.
     """
 
-    max_depth: int = 32
-    max_keys_per_object: int = 256
-    max_total_keys: int = 10_000
-    max_array_length: int = 4096
-    max_string_bytes: int = 1_048_576
-    max_number_chars: int = 64
-    max_containers: int = 100_000
-    max_body_bytes: int = 4 * 1_048_576
+    max_depth: int = Field(
+        default=32,
+        strict=True,
+        ge=1,
+        le=pattern.MAX_SUPPORTED_DEPTH,  # the scan is a pattern nested that many times
+        description="Deepest nesting of arrays and objects, scanned before parsing (a chat "
+        "request nests about 5 deep; JSON schemas add 2 per level). At most 128.",
+    )
+    max_keys_per_object: _Count = Field(default=256, description="Most keys in one JSON object.")
+    max_total_keys: _Count = Field(
+        default=10_000, description="Most object keys in the whole body."
+    )
+    max_array_length: _Count = Field(
+        default=4096,
+        description="Most elements of one array: messages, content parts, batched prompts, "
+        "token ids. Raise it for long token-id prompts or big embedding batches.",
+    )
+    max_string_bytes: _Count = Field(
+        default=1_048_576,
+        description="Longest string (UTF-8 bytes after unescaping, keys too): a long prompt or "
+        "a ~750 KB image as a base64 data URL.",
+    )
+    max_number_chars: _Count = Field(
+        default=64, description="Longest number as written (a 64-bit integer takes 20 characters)."
+    )
+    max_containers: _Count = Field(
+        default=100_000,
+        description="Most arrays and objects in the body (an empty list costs the parser 56 "
+        "bytes for 2 bytes of body).",
+    )
 
-    def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if type(value) is not int or not 1 <= value <= _REPEAT_MAX:
-                raise ValueError(f"JsonLimits.{name} must be an integer from 1 to {_REPEAT_MAX}")
-        if self.max_depth > pattern.MAX_SUPPORTED_DEPTH:
-            raise ValueError(f"JsonLimits.max_depth must be at most {pattern.MAX_SUPPORTED_DEPTH}")
 
-
-def parse_json_body(body: bytes, limits: JsonLimits) -> Any:
+def parse_json_body(body: bytes, limits: JsonLimits, max_body_bytes: int | None = None) -> Any:
     """The parsed body, or a :class:`GuardError` naming the first limit crossed.
+
+    ``max_body_bytes``: the largest body accepted (None: the caller bounded it already).
 
     Codes: ``body_too_large`` (413), ``invalid_utf8``, ``invalid_json``,
     ``json_depth_exceeded``, ``json_too_many_keys``, ``json_duplicate_key``,
@@ -103,10 +114,10 @@ def parse_json_body(body: bytes, limits: JsonLimits) -> Any:
     codes raise :class:`LimitExceeded`; ``invalid_*``, ``json_duplicate_key`` and
     ``json_non_finite_number`` a plain :class:`GuardError`.
     """
-    if len(body) > limits.max_body_bytes:
+    if max_body_bytes is not None and len(body) > max_body_bytes:
         raise LimitExceeded(
             "body_too_large",
-            f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes}",
+            f"request body is {len(body)} bytes; the limit is {max_body_bytes}",
             status=413,
         )
     try:

@@ -15,7 +15,10 @@ typed::
     SCHEDGUARD_KEYS='[{key_sha256: 9f86d0..., tenant: team-a}]'
 
 Every field is documented in docs/POLICY.md (generated from the field descriptions by
-``python -m guard.policy --markdown``).
+``python -m guard.policy --markdown``). The sections the guard's code reads are its limit sets
+(:class:`~guard.http.FramingLimits`, :class:`~guard.json.JsonLimits`,
+:class:`~guard.guided.GuidedLimits`, :class:`RequestTemplateLimits`,
+:class:`~guard.http.UpstreamConfig`, :class:`RatePolicy`), declared once next to that code.
 """
 
 from guard.policy._load import (
@@ -31,11 +34,7 @@ from guard.policy._models import (
     ANONYMOUS_TENANT,
     BASE_ROUTES,
     CHECK_NAMES,
-    BodyLimits,
-    ChatTemplatePolicy,
     FanoutPolicy,
-    GuidedPolicy,
-    JsonPolicy,
     KeyEntry,
     LimitsPolicy,
     MultimodalPolicy,
@@ -43,10 +42,10 @@ from guard.policy._models import (
     Policy,
     RateOverrides,
     RatePolicy,
+    RequestTemplateLimits,
     SchemaPolicy,
     TemplatesPolicy,
     TokensPolicy,
-    UpstreamPolicy,
     key_digest,
 )
 
@@ -56,11 +55,7 @@ __all__ = [
     "CHECK_NAMES",
     "ENV_PREFIX",
     "ENV_SEPARATOR",
-    "BodyLimits",
-    "ChatTemplatePolicy",
     "FanoutPolicy",
-    "GuidedPolicy",
-    "JsonPolicy",
     "KeyEntry",
     "LimitsPolicy",
     "MultimodalPolicy",
@@ -69,10 +64,10 @@ __all__ = [
     "PolicyError",
     "RateOverrides",
     "RatePolicy",
+    "RequestTemplateLimits",
     "SchemaPolicy",
     "TemplatesPolicy",
     "TokensPolicy",
-    "UpstreamPolicy",
     "default_policy",
     "key_digest",
     "load_policy",

@@ -1,4 +1,8 @@
-"""The policy reference of docs/POLICY.md, generated from the models' field descriptions."""
+"""The policy reference of docs/POLICY.md, generated from the sections' field descriptions.
+
+A section is a pydantic model or a limit set (a pydantic dataclass, see :mod:`guard._limits`);
+both describe their fields with pydantic ``FieldInfo``.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, SecretStr
+from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
-from guard.policy._models import KeyEntry, Policy
+from guard.policy._models import KeyEntry, Policy, is_section, section_fields
 
 BEGIN = "<!-- BEGIN GENERATED REFERENCE (python -m guard.policy --markdown) -->"
 END = "<!-- END GENERATED REFERENCE -->"
@@ -27,13 +31,13 @@ class FieldDoc:
     is_section: bool
 
 
-def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
-    """The model a field holds, and whether it holds a tuple of them."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+def _model_of(annotation: Any) -> tuple[type | None, bool]:
+    """The section a field holds, and whether it holds a tuple of them."""
+    if is_section(annotation):
         return annotation, False
     if typing.get_origin(annotation) is tuple:
         args = typing.get_args(annotation)
-        if args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        if args and is_section(args[0]):
             return args[0], True
     return None, False
 
@@ -70,9 +74,9 @@ def _default(field: FieldInfo) -> str:
     return json.dumps(value)
 
 
-def iter_fields(model: type[BaseModel] = Policy, prefix: str = "") -> Iterator[FieldDoc]:
+def iter_fields(model: type = Policy, prefix: str = "") -> Iterator[FieldDoc]:
     """Every field of ``model``, depth first, sections before their fields."""
-    for name, field in model.model_fields.items():
+    for name, field in section_fields(model).items():
         path = prefix + (field.alias or name)
         sub, many = _model_of(field.annotation)
         if sub is not None:
@@ -102,13 +106,11 @@ def policy_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _section(
-    model: type[BaseModel], prefix: str, description: str, title: str, lines: list[str]
-) -> None:
+def _section(model: type, prefix: str, description: str, title: str, lines: list[str]) -> None:
     lines.extend([f"### {title}", "", description, ""])
     rows = []
     subsections = []
-    for name, field in model.model_fields.items():
+    for name, field in section_fields(model).items():
         path = prefix + (field.alias or name)
         sub, many = _model_of(field.annotation)
         if sub is not None:

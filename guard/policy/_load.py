@@ -17,10 +17,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from guard.policy._models import Policy, model_dump_for
+from guard.policy._models import Policy, is_section, model_dump_for, section_fields
 
 ENV_PREFIX = "SCHEDGUARD_"
 ENV_SEPARATOR = "__"
@@ -131,6 +131,10 @@ def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
 # -- validation messages ------------------------------------------------------------------------
 
 
+# The error types of an unknown field: in a model, in a limit set (a pydantic dataclass).
+_UNKNOWN_FIELD = frozenset({"extra_forbidden", "unexpected_keyword_argument"})
+
+
 def _loc(loc: tuple[str | int, ...]) -> str:
     out = ""
     for part in loc:
@@ -155,6 +159,7 @@ def _message(error: ErrorDetails) -> str:
         "less_than": "must be < {lt}",
         "less_than_equal": "must be <= {le}",
         "extra_forbidden": "unknown field",
+        "unexpected_keyword_argument": "unknown field",
         "missing": "required",
         "int_type": "must be an integer",
         "int_parsing": "must be an integer",
@@ -166,6 +171,7 @@ def _message(error: ErrorDetails) -> str:
         "string_type": "must be a string",
         "tuple_type": "must be a list",
         "model_type": "must be a mapping",
+        "dataclass_type": "must be a mapping",
         "dict_type": "must be a mapping",
         "literal_error": "must be one of {expected}",
     }
@@ -180,10 +186,10 @@ def _message(error: ErrorDetails) -> str:
     return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model class an annotation holds (``X``, ``X | None``, ``tuple[X, ...]``), if any."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
+def _model_in(annotation: Any) -> type | None:
+    """The section class an annotation holds (``X``, ``X | None``, ``tuple[X, ...]``), if any."""
+    if is_section(annotation):
+        return annotation  # type: ignore[no-any-return]
     if typing.get_origin(annotation) in (
         typing.Union,
         types.UnionType,
@@ -200,17 +206,18 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
     """The field names (as written in YAML) of the section at ``loc``; [] when not a section."""
-    model: type[BaseModel] | None = Policy
+    model: type | None = Policy
     for part in loc:
         if model is None:
             return []
         if isinstance(part, int):
             continue  # an index into a list of sections
-        field = next((f for name, f in model.model_fields.items() if part in (name, f.alias)), None)
+        fields = section_fields(model).items()
+        field = next((f for name, f in fields if part in (name, f.alias)), None)
         model = _model_in(field.annotation) if field is not None else None
     if model is None:
         return []
-    return [f.alias or name for name, f in model.model_fields.items()]
+    return [f.alias or name for name, f in section_fields(model).items()]
 
 
 def suggest_field(loc: tuple[str | int, ...]) -> str | None:
@@ -237,7 +244,7 @@ def validation_problems(exc: ValidationError, origins: Mapping[str, str]) -> lis
             ):
                 line += f" (from {var})"
                 break
-        suggestion = suggest_field(loc) if error["type"] == "extra_forbidden" else None
+        suggestion = suggest_field(loc) if error["type"] in _UNKNOWN_FIELD else None
         if suggestion is not None:
             line += f"; did you mean {suggestion}?"
         problems.append(line)

@@ -1,5 +1,8 @@
 """The guard's policy as pydantic models: every field typed, bounded, described and defaulted.
 
+The limit sets the guard's code reads (framing, JSON, guided decoding, the chat-template
+sandbox, the upstream, the rate buckets) are declared next to that code (see
+:mod:`guard._limits`) and used here as sections as they are; the rest is declared here.
 Descriptions are the documentation: docs/POLICY.md's reference is generated from them
 (:func:`guard.policy._docs.policy_reference`), and a test keeps the two in step. Defaults are
 chosen from the peers in THREATS.md and explained in each description.
@@ -7,22 +10,22 @@ chosen from the peers in THREATS.md and explained in each description.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic.dataclasses import dataclass, is_pydantic_dataclass
+from pydantic.fields import FieldInfo
 
+from guard._limits import LIMITS_CONFIG, NonNegInt, PosFloat, PosInt
+from guard.admission import ConcurrencyLimits, RateLimits
 from guard.guided import GuidedLimits
-from guard.jinja import SAFE_TEMPLATE_KWARGS
-from guard.jinja._meters import ChatTemplateLimits
+from guard.http import FramingLimits, UpstreamConfig
+from guard.jinja import SAFE_TEMPLATE_KWARGS, ChatTemplateLimits
 from guard.json import JsonLimits
-
-# Ints are strict (no "12" or 12.0 or true); YAML and the environment give real ints.
-PosInt = Annotated[int, Field(strict=True, gt=0)]
-NonNegInt = Annotated[int, Field(strict=True, ge=0)]
-PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 # The names of the checks the pipeline knows, in the default order (cheapest first: fan-out
 # reads a few fields and counts lists without walking them, so 2,000 messages are refused
@@ -47,119 +50,7 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-# -- upstream ---------------------------------------------------------------------------------
-
-
-class UpstreamPolicy(Section):
-    url: str | None = Field(
-        default=None,
-        description="Base URL of the upstream server (vLLM, SGLang, llama.cpp, TGI or the "
-        "reference scheduler), e.g. `http://127.0.0.1:8000`. `null`: `schedguard serve` starts "
-        "the reference scheduler (hardened profile) as an embedded upstream.",
-    )
-    connect_timeout_s: PosFloat = Field(
-        default=5.0, description="Seconds to open a connection to the upstream (then 502)."
-    )
-    read_timeout_s: PosFloat = Field(
-        default=60.0,
-        description="Seconds to wait for the next bytes of an upstream response, streamed or "
-        "not (then 504). Covers the time to the first token of a long prompt.",
-    )
-    total_timeout_s: PosFloat = Field(
-        default=600.0,
-        description="Seconds one upstream request may take in all, stream included (then 504 "
-        "or, mid-stream, a cleanly ended stream).",
-    )
-    max_connections: PosInt = Field(
-        default=256,
-        description="Pooled keep-alive connections to the upstream, at most; as many as the "
-        "upstream's concurrent requests (vLLM's default `max_num_seqs` is 256).",
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
-            raise ValueError("must be an http:// or https:// URL without query or fragment")
-        return value.rstrip("/") if value is not None else None
-
-
 # -- limits -----------------------------------------------------------------------------------
-
-
-class BodyLimits(Section):
-    max_body_bytes: PosInt = Field(
-        default=4 * 1_048_576,
-        description="Largest request body in bytes, counted while reading (413 before the "
-        "rest is read). 4 MiB holds a 2048-token prompt many times over and a few base64 "
-        "images; raise it with `limits.json.max_string_bytes` for larger media.",
-    )
-    max_header_count: PosInt = Field(
-        default=100,
-        description="Most request headers (HTTP clients send about 10 to 20; Go and nginx "
-        "accept about 100).",
-    )
-    max_header_bytes: PosInt = Field(
-        default=16_384,
-        description="Most bytes of all request headers together (Node.js's default; one "
-        "8 MB header is a known attack, vLLM GHSA-rxc4-3w6r-4v47).",
-    )
-    body_read_timeout_s: PosFloat = Field(
-        default=10.0,
-        description="Seconds allowed to receive the whole body (a slow body then gets 408).",
-    )
-    content_encoding: Literal["refuse", "inflate"] = Field(
-        default="refuse",
-        description="`refuse`: a compressed body (`Content-Encoding` other than `identity`) "
-        "gets 415. `inflate`: gzip and deflate bodies are inflated under "
-        "`max_inflated_bytes` and `max_inflate_ratio`, and the inflated body is checked.",
-    )
-    max_inflated_bytes: PosInt = Field(
-        default=4 * 1_048_576,
-        description="With `inflate`: largest body after inflating (413 beyond it; inflating "
-        "stops there, so a gzip bomb costs at most this much).",
-    )
-    max_inflate_ratio: PosFloat = Field(
-        default=32.0,
-        description="With `inflate`: largest ratio of inflated to compressed size (JSON "
-        "compresses 5 to 10 times; bombs 1000 times).",
-    )
-
-
-class JsonPolicy(Section):
-    """The fields of :class:`guard.json._reader.JsonLimits` (its ``max_body_bytes`` comes from
-    ``limits.body``)."""
-
-    max_depth: int = Field(
-        default=32,
-        strict=True,
-        ge=1,
-        le=128,
-        description="Deepest nesting of arrays and objects, scanned before parsing (a chat "
-        "request nests about 5 deep; JSON schemas add 2 per level). At most 128.",
-    )
-    max_keys_per_object: PosInt = Field(default=256, description="Most keys in one JSON object.")
-    max_total_keys: PosInt = Field(
-        default=10_000, description="Most object keys in the whole body."
-    )
-    max_array_length: PosInt = Field(
-        default=4096,
-        description="Most elements of one array: messages, content parts, batched prompts, "
-        "token ids. Raise it for long token-id prompts or big embedding batches.",
-    )
-    max_string_bytes: PosInt = Field(
-        default=1_048_576,
-        description="Longest string (UTF-8 bytes after unescaping, keys too): a long prompt or "
-        "a ~750 KB image as a base64 data URL.",
-    )
-    max_number_chars: PosInt = Field(
-        default=64, description="Longest number as written (a 64-bit integer takes 20 characters)."
-    )
-    max_containers: PosInt = Field(
-        default=100_000,
-        description="Most arrays and objects in the body (an empty list costs the parser 56 "
-        "bytes for 2 bytes of body).",
-    )
 
 
 class SchemaPolicy(Section):
@@ -183,50 +74,16 @@ class SchemaPolicy(Section):
     )
 
 
-class ChatTemplatePolicy(Section):
-    """The fields of :class:`guard.jinja._chat_template.ChatTemplateLimits`."""
+@dataclass(frozen=True, config=LIMITS_CONFIG)
+class RequestTemplateLimits(ChatTemplateLimits):
+    """The sandbox's limits for request chat templates: the library's, with the hardened
+    scheduler's render deadline instead of its 1 s."""
 
-    max_source_bytes: PosInt = Field(
-        default=64 * 1024, description="Largest request chat template (real ones are 1 to 10 KB)."
-    )
-    max_block_nesting: PosInt = Field(default=16, description="Deepest `{% %}` block nesting.")
-    max_expr_nesting: PosInt = Field(
-        default=16, description="Deepest bracket nesting in expressions."
-    )
-    max_syntax_tokens: PosInt = Field(default=6_000, description="Most Jinja syntax tokens.")
-    max_iterations: PosInt = Field(
-        default=50_000,
-        description="Loop items plus calls over one whole render (nested loops count).",
-    )
-    max_range: PosInt = Field(default=10_000, description="Largest `range()`.")
-    max_value_chars: PosInt = Field(
-        default=256 * 1024, description="Longest string the template makes (`'A' * 10**10` stops)."
-    )
-    max_items: PosInt = Field(default=65_536, description="Longest list, tuple or dict it makes.")
-    max_int_bits: PosInt = Field(
-        default=4096, description="Largest integer, in bits (`10**(10**7)`)."
-    )
-    max_width: PosInt = Field(
-        default=1024,
-        description="Widest padding, indent, format width or precision (`center`, ...).",
-    )
-    max_format_fields: PosInt = Field(
-        default=256, description="Most fields in one `format` string."
-    )
-    max_call_depth: PosInt = Field(default=64, description="Deepest macro and call nesting.")
-    max_materialized: PosInt = Field(
-        default=16 * 1024 * 1024,
-        description="Everything the render makes, summed (characters; 8 per container item).",
-    )
-    max_output_chars: PosInt = Field(default=1024 * 1024, description="Longest rendered prompt.")
     deadline_s: PosFloat | None = Field(
         default=0.25,
         description="Seconds one validation render may take (the hardened scheduler's render "
         "deadline; the library default is 1 s). `null`: none.",
     )
-
-    def to_limits(self) -> ChatTemplateLimits:
-        return ChatTemplateLimits(**self.model_dump())
 
 
 class TemplatesPolicy(Section):
@@ -267,8 +124,8 @@ class TemplatesPolicy(Section):
         "`tokenize` may not be listed (vLLM GHSA-69j4-grxj-j64p), nor `chat_template` (see "
         "`allow_request_chat_template`).",
     )
-    chat_template: ChatTemplatePolicy = Field(
-        default_factory=lambda: ChatTemplatePolicy(),
+    chat_template: RequestTemplateLimits = Field(
+        default_factory=lambda: RequestTemplateLimits(),
         description="Limits of the hardened sandbox for request chat templates.",
     )
 
@@ -376,80 +233,6 @@ class FanoutPolicy(Section):
     )
 
 
-class GuidedPolicy(Section):
-    """The fields of :class:`guard.guided._check.GuidedLimits`."""
-
-    max_regex_length: PosInt = Field(default=2048, description="Longest regex, in characters.")
-    max_regex_nesting: PosInt = Field(default=32, description="Deepest group nesting in a regex.")
-    max_regex_repeat_product: PosInt = Field(
-        default=1000, description="Largest product of nested `{m,n}` counts (`a{100}{100}{100}`)."
-    )
-    max_regex_program_size: PosInt = Field(
-        default=10_000,
-        description="Largest RE2 program for one regex (compile time grows with it).",
-    )
-    max_regex_ambiguous_ways: PosInt = Field(
-        default=4096, description="Most ways nested repetition can match the same text (`(a+)+b`)."
-    )
-    max_regex_adjacent_unbounded: PosInt = Field(
-        default=4, description="Most adjacent unbounded repetitions over overlapping characters."
-    )
-    re2_max_mem: PosInt = Field(
-        default=1 << 20, description="RE2's memory budget per regex, in bytes."
-    )
-    max_regexes: PosInt = Field(default=128, description="Most regexes per request.")
-    max_regex_total_length: PosInt = Field(
-        default=16_384, description="Most regex characters per request."
-    )
-    max_regex_total_program_size: PosInt = Field(
-        default=50_000, description="Largest summed RE2 program size per request."
-    )
-    max_schema_depth: PosInt = Field(
-        default=64, description="Deepest JSON-schema nesting, also after `$ref` expansion."
-    )
-    max_schema_nodes: PosInt = Field(
-        default=10_000, description="Most schema nodes per request, after `$ref` expansion."
-    )
-    max_schema_chars: PosInt = Field(
-        default=262_144, description="Most characters of schema keys and strings per request."
-    )
-    max_schema_refs: PosInt = Field(default=256, description="Most `$ref` per request.")
-    allow_recursive_refs: bool = Field(
-        default=False, description="Accept recursive `$ref` (a schema that expands without end)."
-    )
-    max_schema_enum: PosInt = Field(default=1024, description="Largest `enum`.")
-    max_schema_length_bound: PosInt = Field(
-        default=10_000, description="Largest `minLength` / `maxLength`."
-    )
-    max_schema_items_bound: PosInt = Field(
-        default=1_000, description="Largest `minItems`, `maxItems`, `minProperties`, ..."
-    )
-    max_schema_number: PosFloat = Field(
-        default=1e15, description="Largest magnitude of `minimum`, `maximum`, `multipleOf`, ..."
-    )
-    max_schemas: PosInt = Field(default=128, description="Most JSON schemas per request.")
-    max_grammar_chars: PosInt = Field(
-        default=32_768, description="Longest grammar (GBNF, EBNF, Lark)."
-    )
-    max_grammar_depth: PosInt = Field(
-        default=64, description="Deepest grammar nesting (llama.cpp recurses once per group)."
-    )
-    max_grammar_rules: PosInt = Field(default=1024, description="Most grammar rules.")
-    max_grammar_repeat: PosInt = Field(
-        default=1000, description="Largest product of nested `{m,n}` in a grammar."
-    )
-    max_grammar_repeat_total: PosInt = Field(
-        default=10_000, description="Largest sum of `{m,n}` counts in one grammar."
-    )
-    max_choices: PosInt = Field(default=256, description="Most `guided_choice` entries.")
-    max_choice_chars: PosInt = Field(
-        default=65_536, description="Most characters over all `guided_choice` entries."
-    )
-
-    def to_limits(self) -> GuidedLimits:
-        return GuidedLimits(**self.model_dump())
-
-
 class MultimodalPolicy(Section):
     max_media_parts: PosInt = Field(
         default=16,
@@ -481,11 +264,11 @@ class MultimodalPolicy(Section):
 
 
 class LimitsPolicy(Section):
-    body: BodyLimits = Field(
-        default_factory=lambda: BodyLimits(), description="HTTP framing limits."
+    body: FramingLimits = Field(
+        default_factory=lambda: FramingLimits(), description="HTTP framing limits."
     )
-    json_: JsonPolicy = Field(
-        default_factory=lambda: JsonPolicy(), alias="json", description="Bounded JSON parsing."
+    json_: JsonLimits = Field(
+        default_factory=lambda: JsonLimits(), alias="json", description="Bounded JSON parsing."
     )
     schema_: SchemaPolicy = Field(
         default_factory=lambda: SchemaPolicy(), alias="schema", description="Request field types."
@@ -497,8 +280,8 @@ class LimitsPolicy(Section):
     fanout: FanoutPolicy = Field(
         default_factory=lambda: FanoutPolicy(), description="Fan-out caps."
     )
-    guided: GuidedPolicy = Field(
-        default_factory=lambda: GuidedPolicy(), description="Guided-decoding constraints."
+    guided: GuidedLimits = Field(
+        default_factory=lambda: GuidedLimits(), description="Guided-decoding constraints."
     )
     multimodal: MultimodalPolicy = Field(
         default_factory=lambda: MultimodalPolicy(), description="Media parts."
@@ -510,25 +293,11 @@ class LimitsPolicy(Section):
 # -- rate and keys ----------------------------------------------------------------------------
 
 
-class RatePolicy(Section):
-    requests_per_minute: PosInt | None = Field(
-        default=600,
-        description="Requests per minute per API key (token bucket refilled continuously). "
-        "`null`: unlimited.",
-    )
-    tokens_per_minute: PosInt | None = Field(
-        default=200_000,
-        description="Tokens per minute per API key, charged before forwarding with the prompt "
-        "tokens plus the reserved output (`max_tokens` x sequences), reconciled from the "
-        "upstream's `usage`. `null`: unlimited.",
-    )
-    burst: PosInt = Field(
-        default=20, description="Requests one key may send at once: the request bucket's capacity."
-    )
-    token_burst: PosInt | None = Field(
-        default=None,
-        description="The token bucket's capacity. `null`: `tokens_per_minute` (a minute's worth).",
-    )
+@dataclass(frozen=True, config=LIMITS_CONFIG)
+class RatePolicy(RateLimits):
+    """The rate limits of :class:`~guard.admission.RateLimits` (the anonymous tenant's, and
+    every key's unless overridden), concurrency, and where the buckets are kept."""
+
     per_key_concurrency: PosInt = Field(
         default=16, description="Requests in flight per API key (more wait in the queue)."
     )
@@ -562,6 +331,11 @@ class RatePolicy(Section):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return value
 
+    @cached_property
+    def slot_limits(self) -> ConcurrencyLimits:
+        """The concurrency limits of one key (built once per key's rate)."""
+        return ConcurrencyLimits(self.per_key_concurrency, self.queue_size)
+
 
 class RateOverrides(Section):
     """Per-key overrides of :class:`RatePolicy`: a field left out inherits the global value."""
@@ -585,7 +359,7 @@ class RateOverrides(Section):
         for name in ("burst", "per_key_concurrency"):
             if update.get(name, 0) is None:
                 del update[name]
-        return base.model_copy(update=update) if update else base
+        return dataclasses.replace(base, **update) if update else base
 
 
 _TENANT = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
@@ -680,8 +454,8 @@ class ObservabilityPolicy(Section):
 class Policy(Section):
     """The guard's whole configuration. Build it with :func:`guard.policy.load_policy`."""
 
-    upstream: UpstreamPolicy = Field(
-        default_factory=lambda: UpstreamPolicy(), description="The server behind the guard."
+    upstream: UpstreamConfig = Field(
+        default_factory=lambda: UpstreamConfig(), description="The server behind the guard."
     )
     routes: tuple[str, ...] = Field(
         default=(),
@@ -749,24 +523,31 @@ class Policy(Section):
         return {entry.digest: entry for entry in self.keys}
 
     @cached_property
-    def json_limits(self) -> JsonLimits:
-        body = self.limits.body
-        largest = body.max_body_bytes
-        if body.content_encoding == "inflate":
-            largest = max(largest, body.max_inflated_bytes)
-        return JsonLimits(**self.limits.json_.model_dump(), max_body_bytes=largest)
-
-    @cached_property
-    def guided_limits(self) -> GuidedLimits:
-        return self.limits.guided.to_limits()
-
-    @cached_property
-    def chat_template_limits(self) -> ChatTemplateLimits:
-        return self.limits.templates.chat_template.to_limits()
+    def rates_by_digest(self) -> dict[str, RatePolicy]:
+        """Each key's rate (its overrides applied once, not per request)."""
+        return {entry.digest: entry.rate.apply(self.rate) for entry in self.keys}
 
     def rate_for(self, entry: KeyEntry | None) -> RatePolicy:
         """The rate limits of one key (the global ones for the anonymous tenant)."""
-        return self.rate if entry is None else entry.rate.apply(self.rate)
+        if entry is None:
+            return self.rate
+        rate = self.rates_by_digest.get(entry.digest)
+        return rate if rate is not None else entry.rate.apply(self.rate)
+
+
+def is_section(annotation: Any) -> bool:
+    """Whether a field of this type is a section: a policy model or a limit set."""
+    return isinstance(annotation, type) and (
+        issubclass(annotation, BaseModel) or is_pydantic_dataclass(annotation)
+    )
+
+
+def section_fields(section: type) -> dict[str, FieldInfo]:
+    """A section's fields by attribute name, in order."""
+    if issubclass(section, BaseModel):
+        return section.model_fields
+    fields: dict[str, FieldInfo] = getattr(section, "__pydantic_fields__")  # noqa: B009
+    return fields
 
 
 def model_dump_for(model: BaseModel) -> dict[str, Any]:

@@ -1,0 +1,88 @@
+"""The guided-decoding limits: the policy's ``limits.guided`` section (see :mod:`guard._limits`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from guard._limits import LIMITS_CONFIG, PosFloat, PosInt
+
+__all__ = ["GuidedLimits"]
+
+
+@dataclass(frozen=True, config=LIMITS_CONFIG)
+class GuidedLimits:
+    """Limits for guided-decoding constraints. Counts "per request" are summed over all
+    regexes, schemas or grammars in one request body."""
+
+    # Regexes. RE2 compile time grows with program size (~0.3 µs per instruction), so the
+    # program size caps bound it; the structural scan estimates the size before compiling.
+    max_regex_length: PosInt = Field(default=2048, description="Longest regex, in characters.")
+    max_regex_nesting: PosInt = Field(default=32, description="Deepest group nesting in a regex.")
+    max_regex_repeat_product: PosInt = Field(
+        default=1000, description="Largest product of nested `{m,n}` counts (`a{100}{100}{100}`)."
+    )
+    max_regex_program_size: PosInt = Field(
+        default=10_000,
+        description="Largest RE2 program for one regex (compile time grows with it).",
+    )
+    max_regex_ambiguous_ways: PosInt = Field(
+        default=4096, description="Most ways nested repetition can match the same text (`(a+)+b`)."
+    )
+    max_regex_adjacent_unbounded: PosInt = Field(
+        default=4, description="Most adjacent unbounded repetitions over overlapping characters."
+    )
+    re2_max_mem: PosInt = Field(
+        default=1 << 20, description="RE2's memory budget per regex, in bytes."
+    )
+    max_regexes: PosInt = Field(default=128, description="Most regexes per request.")
+    max_regex_total_length: PosInt = Field(
+        default=16_384, description="Most regex characters per request."
+    )
+    max_regex_total_program_size: PosInt = Field(
+        default=50_000, description="Largest summed RE2 program size per request."
+    )
+    # JSON schemas.
+    max_schema_depth: PosInt = Field(
+        default=64, description="Deepest JSON-schema nesting, also after `$ref` expansion."
+    )
+    max_schema_nodes: PosInt = Field(
+        default=10_000, description="Most schema nodes per request, after `$ref` expansion."
+    )
+    max_schema_chars: PosInt = Field(
+        default=262_144, description="Most characters of schema keys and strings per request."
+    )
+    max_schema_refs: PosInt = Field(default=256, description="Most `$ref` per request.")
+    allow_recursive_refs: bool = Field(
+        default=False, description="Accept recursive `$ref` (a schema that expands without end)."
+    )
+    max_schema_enum: PosInt = Field(default=1024, description="Largest `enum`.")
+    max_schema_length_bound: PosInt = Field(
+        default=10_000, description="Largest `minLength` / `maxLength`."
+    )
+    max_schema_items_bound: PosInt = Field(
+        default=1_000, description="Largest `minItems`, `maxItems`, `minProperties`, ..."
+    )
+    max_schema_number: PosFloat = Field(
+        default=1e15, description="Largest magnitude of `minimum`, `maximum`, `multipleOf`, ..."
+    )
+    max_schemas: PosInt = Field(default=128, description="Most JSON schemas per request.")
+    # Grammars (GBNF, EBNF, Lark).
+    max_grammar_chars: PosInt = Field(
+        default=32_768, description="Longest grammar (GBNF, EBNF, Lark)."
+    )
+    max_grammar_depth: PosInt = Field(
+        default=64, description="Deepest grammar nesting (llama.cpp recurses once per group)."
+    )
+    max_grammar_rules: PosInt = Field(default=1024, description="Most grammar rules.")
+    max_grammar_repeat: PosInt = Field(
+        default=1000, description="Largest product of nested `{m,n}` in a grammar."
+    )
+    max_grammar_repeat_total: PosInt = Field(
+        default=10_000, description="Largest sum of `{m,n}` counts in one grammar."
+    )
+    # Choice lists.
+    max_choices: PosInt = Field(default=256, description="Most `guided_choice` entries.")
+    max_choice_chars: PosInt = Field(
+        default=65_536, description="Most characters over all `guided_choice` entries."
+    )
