@@ -1,7 +1,8 @@
 """Issue 4's proof campaign: 60 s of the ``search`` engine from the trivial seed corpus.
 
 - ``placeholder-vulnerable`` and ``chat-template-vulnerable`` must yield a finding that crosses
-  the time or memory budget, minimised to at most 512 bytes (saved under payloads/found/);
+  the time or memory budget, minimised to at most 512 bytes (saved under --out, or the corpus
+  root --found-root names);
 - ``placeholder-hardened`` and ``chat-template-hardened`` must yield none in the same time.
 
 Prints one row per target and writes each campaign's reports under ``--out``; exits 1 when the
@@ -37,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "fuzz-proof")
-    ap.add_argument("--found-root", type=Path, default=None, help="default: payloads/")
+    ap.add_argument(
+        "--found-root",
+        type=Path,
+        default=None,
+        help="corpus root the findings are saved under (default: each target's --out directory)",
+    )
     ap.add_argument("--targets", default=",".join(TARGETS))
     args = ap.parse_args(argv)
     ok = True

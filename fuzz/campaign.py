@@ -43,9 +43,12 @@ MAX_REPLAY_BYTES = 8 << 20
 
 @dataclass
 class CampaignOptions:
-    """``save_root``: the corpus root findings are saved under (``<root>/found/<target>/``;
-    default ``payloads/``); ``isolate``: None follows the target (vulnerable targets always
-    run in the worker process)."""
+    """``out_dir``: where the reports and the engines' working files go (None: no reports).
+    ``save_root``: the corpus root findings are saved under, as ``<root>/found/<target>/``
+    (None: ``out_dir``; a campaign writes into a corpus such as ``payloads/`` only when asked
+    to, never into the installed package by default); ``save=False``: no payload files.
+    ``isolate``: None follows the target (vulnerable targets always run in the worker process).
+    """
 
     target: str
     engine: str = "search"
@@ -132,10 +135,10 @@ class ProgressLine:
 def run_campaign(opts: CampaignOptions) -> CampaignReport:
     target = get_target(opts.target)
     names, skipped = engine_names(opts.engine)
+    save_root = _save_root(opts)
     progress = ProgressLine(opts.progress, target.name)
     for name, why in skipped.items():
         progress.note(f"engine {name} skipped: {why}")
-    save_root = _save_root(opts)
     findings = FindingSet(known_causes(target.name, save_root) if save_root is not None else {})
     start = time.monotonic()
     results = [
@@ -165,11 +168,10 @@ def run_campaign(opts: CampaignOptions) -> CampaignReport:
 def _save_root(opts: CampaignOptions) -> Path | None:
     if not opts.save:
         return None
-    if opts.save_root is not None:
-        return opts.save_root
-    from payloads import DEFAULT_ROOT
-
-    return DEFAULT_ROOT
+    root = opts.save_root if opts.save_root is not None else opts.out_dir
+    if root is None:
+        raise ValueError("findings are saved under save_root or out_dir: give one (or save=False)")
+    return root
 
 
 def _run_engine(

@@ -139,3 +139,43 @@ def test_cli_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     [row] = json.loads(capsys.readouterr().out)
     assert row["verdict"] == "rejected" and row["error_code"]
     assert main(["fuzz", "replay", str(seed)]) == 2  # curated: no target recorded
+
+
+def test_cli_run_writes_under_the_current_directory_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reports and findings go to out/fuzz/TARGET under the current directory unless asked
+    otherwise: never into the package's own corpus (payloads/found/)."""
+    from payloads import DEFAULT_ROOT
+
+    before = sorted(DEFAULT_ROOT.rglob("*"))
+    monkeypatch.chdir(tmp_path)
+    target = "tests._fuzz_targets:GuardCommands"
+    args = ["fuzz", "run", "--engine", "search", "--duration", "1.5", "--seed", "1", "--quiet"]
+    assert main([*args, "--target", target]) == 1  # it has findings
+    out = Path("out", "fuzz", "tests-_fuzz_targets-guardcommands")
+    doc = json.loads((out / "report.json").read_text())
+    saved = [Path(f["path"]) for f in doc["findings"]]
+    assert saved and all(p.is_file() and p.is_relative_to(out / "found") for p in saved)
+    assert sorted(DEFAULT_ROOT.rglob("*")) == before
+    # A library caller that saves findings says where.
+    from fuzz import CampaignOptions, run_campaign
+
+    with pytest.raises(ValueError, match="save_root or out_dir"):
+        run_campaign(CampaignOptions(target=target, progress=None))
+
+
+def test_cli_fuzz_options_all_have_help() -> None:
+    import argparse
+
+    from schedguard import _fuzz_cli
+
+    parser = argparse.ArgumentParser()
+    _fuzz_cli.add_parser(parser.add_subparsers())
+    [fuzz] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    [actions] = [a for a in fuzz.choices["fuzz"]._actions if a.dest == "fuzz_command"]
+    assert isinstance(actions, argparse._SubParsersAction)
+    for name, sub in actions.choices.items():
+        for action in sub._actions:
+            assert action.help, f"fuzz {name} {action.option_strings or action.dest}: no help"
+        sub.format_help()  # every help string formats

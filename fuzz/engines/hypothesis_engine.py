@@ -21,8 +21,9 @@ rule appends one op (submit, cancel, step, urgent submit, tick) and teardown run
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -201,7 +202,8 @@ def run_engine(run: EngineRun, *, round_examples: int = ROUND_EXAMPLES) -> Engin
 
     One job (Hypothesis runs one test at a time; ``jobs`` is recorded, not used). The example
     database lives in ``out_dir/hypothesis-db`` when the run has an ``out_dir``, so a later
-    campaign with the same ``out_dir`` starts from what this one kept.
+    campaign with the same ``out_dir`` starts from what this one kept; Hypothesis's own cache
+    (``.hypothesis`` in the current directory otherwise) goes to ``out_dir/hypothesis-home``.
     """
     run.engine = run.engine or NAME
     opts = run.options
@@ -222,15 +224,32 @@ def run_engine(run: EngineRun, *, round_examples: int = ROUND_EXAMPLES) -> Engin
 
     strategy = strategy_for(run.target)
     try:
-        rounds = _rounds(
-            run,
-            lambda: make_property(run.target, measure, on_outcome, strategy=strategy),
-            round_examples,
-        )
+        with _home_in(opts.out_dir):
+            rounds = _rounds(
+                run,
+                lambda: make_property(run.target, measure, on_outcome, strategy=strategy),
+                round_examples,
+            )
     finally:
         oracle.close()
     run.report()
     return run.result(rounds=rounds, jobs_used=1)
+
+
+@contextlib.contextmanager
+def _home_in(out_dir: Path | None) -> Iterator[None]:
+    """Hypothesis's storage (its cache of constants) under ``out_dir`` for the run, if given."""
+    if out_dir is None:
+        yield
+        return
+    from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
+
+    previous = storage_directory(intent_to_write=False).home_directory
+    set_hypothesis_home_dir(Path(out_dir) / "hypothesis-home")
+    try:
+        yield
+    finally:
+        set_hypothesis_home_dir(previous)
 
 
 def _rounds(run: EngineRun, make: Callable[[], Callable[[], None]], round_examples: int) -> int:
