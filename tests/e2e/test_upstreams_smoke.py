@@ -14,6 +14,7 @@ import jinja2.ext
 import openai
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from openai.types.chat import ChatCompletion
 from tokenizers import Tokenizer
 
 from tests.e2e.conftest import ROOT, RunningUpstream
@@ -51,6 +52,12 @@ def client(upstream: RunningUpstream) -> Iterator[openai.OpenAI]:
         yield c
 
 
+def chat(client: openai.OpenAI, **request: Any) -> ChatCompletion:
+    """One chat completion; requests here are plain dicts as a gateway would forward them."""
+    reply: ChatCompletion = client.chat.completions.create(**request)
+    return reply
+
+
 def rendered_prompt_tokens(
     upstream: RunningUpstream, messages: list[dict[str, Any]], **kw: Any
 ) -> int:
@@ -86,12 +93,13 @@ def test_chat_reports_the_template_s_prompt_tokens(
         {"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": "What is the capital of France?"},
     ]
-    reply = client.chat.completions.create(
+    reply = chat(
+        client,
         model=upstream.model,
         messages=messages,
         max_tokens=8,
         temperature=0,
-        seed=1,  # type: ignore[arg-type]
+        seed=1,
     )
     choice = reply.choices[0]
     assert isinstance(choice.message.content, str)
@@ -105,12 +113,14 @@ def test_content_parts_render_like_a_string(
     upstream: RunningUpstream, client: openai.OpenAI
 ) -> None:
     parts = [{"type": "text", "text": "What is the "}, {"type": "text", "text": "capital?"}]
-    as_parts = client.chat.completions.create(
+    as_parts = chat(
+        client,
         model=upstream.model,
         messages=[{"role": "user", "content": parts}],
-        max_tokens=1,  # type: ignore[list-item]
+        max_tokens=1,
     )
-    as_string = client.chat.completions.create(
+    as_string = chat(
+        client,
         model=upstream.model,
         messages=[{"role": "user", "content": "What is the capital?"}],
         max_tokens=1,
@@ -157,10 +167,11 @@ def test_chat_with_tools_and_a_past_tool_call(
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
         {"role": "user", "content": "And in Rome?"},
     ]
-    reply = client.chat.completions.create(
+    reply = chat(
+        client,
         model=upstream.model,
-        messages=messages,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
+        messages=messages,
+        tools=TOOLS,
         tool_choice="auto",
         max_tokens=16,
         temperature=0,
@@ -188,10 +199,11 @@ def test_response_format_json_schema(upstream: RunningUpstream, client: openai.O
         if upstream.name == "vllm"
         else {"type": "json_object", "schema": schema}
     )
-    reply = client.chat.completions.create(
+    reply = chat(
+        client,
         model=upstream.model,
         messages=[{"role": "user", "content": "Give me the object."}],
-        response_format=response_format,  # type: ignore[arg-type]
+        response_format=response_format,
         max_tokens=48,
         temperature=0,
     )
@@ -212,7 +224,8 @@ def test_llamacpp_quirks(llamacpp_upstream: RunningUpstream) -> None:
         base_url=llamacpp_upstream.openai_base_url, api_key="unused", max_retries=0
     ) as c:
         with pytest.raises(openai.InternalServerError, match="json_object"):
-            c.chat.completions.create(
+            chat(
+                c,
                 model=llamacpp_upstream.model,
                 messages=[{"role": "user", "content": "x"}],
                 response_format={
@@ -222,7 +235,8 @@ def test_llamacpp_quirks(llamacpp_upstream: RunningUpstream) -> None:
                 max_tokens=2,
             )
         with pytest.raises(openai.InternalServerError, match="valid string"):
-            c.chat.completions.create(
+            chat(
+                c,
                 model=llamacpp_upstream.model,
                 messages=[
                     {"role": "user", "content": "x"},
