@@ -339,11 +339,11 @@ def throughput(runs: int, scan_size: int) -> dict[str, Any]:
 
 
 def bench_vulnerable(timeout_s: float) -> dict[str, Any]:
-    from schedguard.demo import SEED, DemoConfig, Target, ref_server, run_demo
+    from schedguard.demo import SEED, DemoConfig, Deployment, ref_server, run_demo
 
-    target = Target("scheduler_ref", "vulnerable", (ref_server("vulnerable"),))
+    deployment = Deployment("scheduler_ref", "vulnerable", (ref_server("vulnerable"),))
     config = DemoConfig(mem_limit_bytes=MEM_LIMIT, timeout_s=timeout_s)
-    (row,) = run_demo(config, targets=(target,), payloads=(SEED,), progress=progress)
+    (row,) = run_demo(config, deployments=(deployment,), payloads=(SEED,), progress=progress)
     return row.to_json()
 
 

@@ -5,20 +5,28 @@ reference scheduler (hardened) is started here, as a child process ``schedguard 
 memory cap on a free port, and stopped when the guard stops.
 
 Flags become environment overrides (``SCHEDGUARD_UPSTREAM__URL``, ``SCHEDGUARD_RATE__REDIS_URL``,
-``SCHEDGUARD_POLICY``) so that every uvicorn worker process loads the same effective policy.
+``SCHEDGUARD_POLICY``) so that every uvicorn worker process loads the same effective policy; the
+policy is validated first, and a flag's invalid value is reported as the flag's
+(``--upstream: must be an http:// or https:// URL ...``), not as the variable it became.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import yaml
 
 from schedguard._servers import RunningServer, ServerSpec, ServerStartError, free_port
+
+if TYPE_CHECKING:
+    from guard.policy import PolicyError
 
 UPSTREAM_ENV = "SCHEDGUARD_UPSTREAM__URL"
 REDIS_ENV = "SCHEDGUARD_RATE__REDIS_URL"
@@ -37,8 +45,40 @@ class ServeOptions:
     upstream_mem_limit_bytes: int
 
 
-def _err(message: str) -> None:
-    print(f"schedguard: {message}", file=sys.stderr)
+def _err(message: str, command: str = "serve") -> None:
+    """Each line of ``message`` that is not indented, prefixed with the command."""
+    lines = message.splitlines() or [""]
+    text = "\n".join(
+        line if line[:1].isspace() else f"schedguard {command}: {line}" for line in lines
+    )
+    print(text, file=sys.stderr)
+
+
+def policy_error_text(
+    exc: PolicyError, flags: Mapping[str, str], policy_flag: str | None = None
+) -> str:
+    """The error's problems, those of a value a flag set named as the flag (``flags`` maps the
+    environment variable a flag became to the flag), the others as the policy loader says them.
+    ``policy_flag`` is the ``--policy`` argument, when given."""
+    named: list[str] = []
+    rest: list[str] = []
+    for problem in exc.problems:
+        for var, flag in flags.items():
+            marker = f" (from {var})"
+            if marker in problem:
+                _, _, what = problem.replace(marker, "").partition(": ")
+                named.append(f"{flag}: {what}")
+                break
+        else:
+            unreadable = problem.startswith("cannot read the policy file")
+            if unreadable and policy_flag is not None and exc.source == policy_flag:
+                named.append(f"--policy: {problem}")
+            else:
+                rest.append(problem)
+    if rest:
+        where = f" ({exc.source})" if exc.source else ""
+        named.append(f"invalid policy{where}:" + "".join(f"\n  {p}" for p in rest))
+    return "\n".join(named)
 
 
 def start_embedded_upstream(mem_limit_bytes: int, host: str = "127.0.0.1") -> RunningServer:
@@ -74,17 +114,24 @@ def serve(opts: ServeOptions) -> int:
     from guard.policy import PolicyError, load_policy
     from guard.server import POLICY_ENV, run
 
+    overrides: dict[str, str] = {}
+    flags: dict[str, str] = {}  # variable -> the flag that set it
     if opts.policy_path is not None:
-        os.environ[POLICY_ENV] = opts.policy_path
-    if opts.upstream is not None:
-        os.environ[UPSTREAM_ENV] = opts.upstream
-    if opts.redis_url is not None:
-        os.environ[REDIS_ENV] = opts.redis_url
+        overrides[POLICY_ENV] = opts.policy_path
+    for var, flag, value in ((UPSTREAM_ENV, "--upstream", opts.upstream),
+                             (REDIS_ENV, "--redis", opts.redis_url)):  # fmt: skip
+        if value is not None:
+            overrides[var], flags[var] = value, flag
+    env = {**os.environ, **overrides}
     try:
-        policy = load_policy(os.environ.get(POLICY_ENV) or None, os.environ)
+        policy = load_policy(env.get(POLICY_ENV) or None, env)
     except PolicyError as exc:
-        _err(str(exc))
+        _err(policy_error_text(exc, flags, opts.policy_path))
         return 2
+    if policy.rate.redis_url is not None and importlib.util.find_spec("redis") is None:
+        # Said before anything starts (the CLI turns this into one line naming the extra).
+        raise ModuleNotFoundError("No module named 'redis'", name="redis")
+    os.environ.update(overrides)  # the workers load the same policy
     embedded: RunningServer | None = None
     try:
         if policy.upstream.url is None:
@@ -134,7 +181,7 @@ def show_policy(path: str | None, *, as_json: bool = False) -> int:
     try:
         policy = load_policy(path or os.environ.get(POLICY_ENV) or None, os.environ)
     except PolicyError as exc:
-        _err(str(exc))
+        _err(policy_error_text(exc, {}, path), "policy show")
         return 2
     text = policy_to_yaml(policy)
     if as_json:

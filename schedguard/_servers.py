@@ -2,12 +2,14 @@
 
 A :class:`ServerSpec` says how to start one server given the ports of all servers of its target
 (so a guard can point at its upstream); :class:`RunningServer` owns the process, its RSS sampler
-and its log, and is always stopped, whatever happened to it.
+and its log, and is always stopped, whatever happened to it. Only the standard library talks
+HTTP here: ``schedguard serve`` and ``schedguard demo`` run from a plain install of the wheel.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import socket
 import sys
@@ -16,8 +18,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
-
-import httpx
 
 from guard.isolation import PeakRssSampler, spawn_limited_server, stop_server
 
@@ -84,20 +84,30 @@ class RunningServer:
     def wait_ready(self, timeout_s: float) -> None:
         """Poll the health endpoint until it answers 200; raise with the log tail otherwise."""
         deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=1.0) as client:
-            while time.monotonic() < deadline:
-                if not self.alive():
-                    raise ServerStartError(
-                        f"{self.spec.name} exited with {self.proc.returncode} while starting:\n"
-                        f"{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(self.url + self.spec.health_path).status_code == 200:
-                        return
-                time.sleep(0.05)  # polling a child's startup, not timing a test
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServerStartError(
+                    f"{self.spec.name} exited with {self.proc.returncode} while starting:\n"
+                    f"{self.log_tail()}"
+                )
+            if self.answers(self.spec.health_path):
+                return
+            time.sleep(0.05)  # polling a child's startup, not timing a test
         raise ServerStartError(
             f"{self.spec.name} not ready after {timeout_s:g} s:\n{self.log_tail()}"
         )
+
+    def answers(self, path: str, timeout_s: float = 1.0) -> bool:
+        """Whether ``GET path`` answers 200 now."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
+        try:
+            conn.request("GET", path)
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
 
     def died_of_memory(self) -> bool:
         rc = self.proc.returncode

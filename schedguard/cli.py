@@ -1,24 +1,64 @@
 """The ``schedguard`` command: a thin composition layer over the packages (nothing imports it).
 
+schedguard --version | COMMAND --version
 schedguard ref --profile {vulnerable,hardened} [--host H] [--port P] [--log-level L]
-schedguard demo [--mem-limit-mb N] [--timeout-s S] [--json PATH] [--port-base P]
+schedguard demo [--mem-limit-mb N] [--timeout-s S] [--steady-requests N] [--json PATH]
+                [--port-base P]
 schedguard serve [--upstream URL] [--policy FILE] [--host H] [--port P] [--workers N] [--redis URL]
 schedguard policy show [--policy FILE] [--json]
 schedguard load [--duration S] [--users N] [--attack-share F] [--upstream-profile P] [--out DIR]
                 [--host URL] [--no-guard] [--ui] [--json] ...
 schedguard fuzz list [--json] | run --target NAME [--engine E] [--duration S] [--out DIR] ...
                 | replay PATH... [--target NAME]
+
+Every option has help text; a default is shown once (by the formatter, or in the help's own
+words). A command that needs an optional dependency which is not installed says in one line
+which extra installs it (``pip install 'schedguard[load]'``) and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from schedguard import _fuzz_cli, _load_cli
+from schedguard import __version__, _fuzz_cli, _load_cli
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+# Optional dependencies -> the extra that installs each (pyproject.toml).
+EXTRAS = {
+    "locust": "load",
+    "gevent": "load",
+    "hypothesis": "fuzz",
+    "atheris": "fuzz",
+    "redis": "redis",
+    "opentelemetry": "otel",
+}
+# The project's own packages, which a trimmed install could leave out.
+_OWN_PACKAGES = ("guard", "scheduler_ref", "schedguard", "payloads", "fuzz", "loadtests")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default unless there is none to show (``None``, a flag's ``False``)
+    or its help already speaks of it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
+
+
+def iter_parsers(
+    parser: argparse.ArgumentParser,
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """``(prog, parser)`` for ``parser`` and every subcommand's parser under it."""
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases share a parser
+                yield from iter_parsers(sub)
 
 
 def _positive_float(text: str) -> float:
@@ -32,6 +72,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
 
 
@@ -89,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--timeout-s", type=_positive_float, default=20.0, help="wall-clock limit per request"
     )
+    demo.add_argument(
+        "--steady-requests",
+        type=_non_negative_int,
+        default=50,
+        help=(
+            "after a refusal, this many more requests on the same kept-alive connection: their "
+            "median is the steady-state latency beside the first request's (0: none)"
+        ),
+    )
     demo.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
     demo.add_argument(
         "--port-base",
@@ -101,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_policy(sub)
     _load_cli.add_parser(sub)
     _fuzz_cli.add_parser(sub)
+    version = f"schedguard {__version__}"
+    for _, p in iter_parsers(parser):
+        p.formatter_class = HelpFormatter
+        p.add_argument(
+            "--version", action="version", version=version, help="print the version and exit"
+        )
     return parser
 
 
@@ -125,7 +187,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--policy",
         metavar="FILE",
         default=None,
-        help="policy YAML file (default: $SCHEDGUARD_POLICY, else the built-in defaults)",
+        help="policy YAML file; without it $SCHEDGUARD_POLICY, else the built-in policy",
     )
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind")
     serve.add_argument("--port", type=_port, default=8080, help="TCP port to bind")
@@ -167,7 +229,7 @@ def _add_policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--policy",
         metavar="FILE",
         default=None,
-        help="policy YAML file (default: $SCHEDGUARD_POLICY, else the built-in defaults)",
+        help="policy YAML file; without it $SCHEDGUARD_POLICY, else the built-in policy",
     )
     show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
 
@@ -206,6 +268,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s,
         port_base=args.port_base,
         host=args.host,
+        steady_requests=args.steady_requests,
     )
     return run_demo_cli(config, json_path=args.json)
 
@@ -233,8 +296,19 @@ def _run_policy(args: argparse.Namespace) -> int:
     return show_policy(args.policy, as_json=args.json)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """One line saying what to install for a module that is not installed, or None when the
+    module is neither an optional dependency nor one of the project's packages."""
+    top = (exc.name or "").partition(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is not None:
+        return f"needs {top}, which is not installed: pip install 'schedguard[{extra}]'"
+    if top in _OWN_PACKAGES:
+        return f"the {top} package is not installed here (this install leaves it out)"
+    return None
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "ref":
         return _run_ref(args)
     if args.command == "demo":
@@ -248,6 +322,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fuzz":
         return _fuzz_cli.run(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse enforces choices
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ModuleNotFoundError as exc:
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        print(f"schedguard {args.command}: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

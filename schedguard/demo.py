@@ -1,26 +1,35 @@
-"""The seed experiment: the seed payload and a benign request against each target.
+"""The seed experiment: the seed payload and a benign request against each deployment.
 
-Each target is one or more servers started as child processes under ``RLIMIT_AS``; each request
-runs under a hard wall clock (the servers are stopped when it expires). Targets and payloads are
-data: the last target is the guard (``schedguard serve``) in front of the vulnerable profile, each
-a capped child process, requests sent to the guard.
+Each deployment is one or more servers started as child processes under ``RLIMIT_AS``; each
+request runs under a hard wall clock (the servers are stopped when it expires). Deployments and
+payloads are data: the last deployment is the guard (``schedguard serve``) in front of the
+vulnerable profile, each a capped child process, requests sent to the guard.
+
+A refused payload is sent again ``DemoConfig.steady_requests`` times on the same kept-alive
+connection: the median of those (``steady_latency_ms``) is the refusal's steady-state latency,
+the figure the seed write-up's "after patch" latency is comparable with; the first request's
+latency includes connecting and a cold server.
+
+Only the standard library talks HTTP here (``http.client``), so that ``schedguard demo`` runs
+from a plain install of the wheel.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import httpx
-
+from schedguard._demo_rows import DemoConfig, MiB, Row, RowOutcome
 from schedguard._report import render_comparison, render_rows
 from schedguard._servers import (
     RunningServer,
@@ -30,22 +39,41 @@ from schedguard._servers import (
     schedguard_argv,
 )
 
+__all__ = [
+    "BENIGN",
+    "DEPLOYMENTS",
+    "PAYLOADS",
+    "SEED",
+    "SEED_TEMPLATE",
+    "DemoConfig",
+    "DemoRequest",
+    "Deployment",
+    "Row",
+    "RowOutcome",
+    "guard_server",
+    "ref_server",
+    "run_demo",
+    "run_demo_cli",
+    "write_json",
+]
+
 # The write-up's payload, verbatim: 1024 openers, 512 closers, ~9.7 KB.
 SEED_TEMPLATE = "{{" * 1024 + "system_prompt}}" * 512
 
-RowOutcome = Literal["ok", "rejected", "server_error", "killed", "timeout", "error"]
 Progress = Callable[[str], None]
-MiB = 1 << 20
+_DEFAULT_CONFIG = DemoConfig()  # frozen: sharing it is safe
 
 
 @dataclass(frozen=True)
-class Payload:
+class DemoRequest:
+    """One request the demo sends: a name for the tables, the path and the JSON body."""
+
     name: str
     path: str
     body: Mapping[str, Any]  # "{model}" in a top-level string value is the served model's id
 
 
-BENIGN = Payload(
+BENIGN = DemoRequest(
     "benign",
     "/v1/completions",
     {
@@ -55,17 +83,18 @@ BENIGN = Payload(
         "max_tokens": 16,
     },
 )
-SEED = Payload(
+SEED = DemoRequest(
     "seed",
     "/v1/completions",
     {"model": "{model}", "prompt_template": SEED_TEMPLATE, "max_tokens": 16},
 )
-PAYLOADS: tuple[Payload, ...] = (BENIGN, SEED)  # benign first: the seed may kill the server
+PAYLOADS: tuple[DemoRequest, ...] = (BENIGN, SEED)  # benign first: the seed may kill the server
 
 
 @dataclass(frozen=True)
-class Target:
-    """Servers started in order; requests go to ``entry`` (the last server by default)."""
+class Deployment:
+    """Servers started in order; requests go to ``entry`` (the last server by default). ``name``
+    and ``profile`` are the rows' ``target`` and ``profile``."""
 
     name: str
     profile: str
@@ -100,39 +129,11 @@ def guard_server(upstream: str = "scheduler_ref", name: str = "guard") -> Server
     return ServerSpec(name, argv, health_path="/readyz")
 
 
-TARGETS: tuple[Target, ...] = (
-    Target("scheduler_ref", "vulnerable", (ref_server("vulnerable"),)),
-    Target("scheduler_ref", "hardened", (ref_server("hardened"),)),
-    Target("guard", "vulnerable", (ref_server("vulnerable"), guard_server()), entry="guard"),
+DEPLOYMENTS: tuple[Deployment, ...] = (
+    Deployment("scheduler_ref", "vulnerable", (ref_server("vulnerable"),)),
+    Deployment("scheduler_ref", "hardened", (ref_server("hardened"),)),
+    Deployment("guard", "vulnerable", (ref_server("vulnerable"), guard_server()), entry="guard"),
 )
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    mem_limit_bytes: int = 1 << 30
-    timeout_s: float = 20.0  # per request, hard
-    port_base: int = 0  # 0: free ports
-    host: str = "127.0.0.1"
-    startup_timeout_s: float = 60.0
-
-
-@dataclass(frozen=True)
-class Row:
-    target: str
-    profile: str
-    payload: str
-    outcome: RowOutcome
-    status: int | None  # HTTP status, None without a response
-    code: str | None  # the error body's code, "ok" on 2xx
-    latency_ms: float
-    peak_rss_mb: float  # peak RSS of the target's servers while the request ran
-    rss_growth_mb: float  # that peak minus their RSS just before the request
-    detail: str = ""
-    server_peak_rss_mb: dict[str, float] = field(default_factory=dict)
-    server_rss_growth_mb: dict[str, float] = field(default_factory=dict)  # per server
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _stderr(line: str) -> None:
@@ -149,22 +150,34 @@ def _classify(status: int) -> RowOutcome:
     return "rejected" if status < 500 else "server_error"
 
 
-def _error_code(response: httpx.Response) -> str | None:
-    if response.is_success:
+def _error_code(status: int, data: bytes) -> str | None:
+    if 200 <= status < 300:
         return "ok"
     try:
-        err = response.json().get("error")
+        err = json.loads(data).get("error")
     except (ValueError, AttributeError):
         return None
     code = err.get("code") if isinstance(err, dict) else None
     return str(code) if code is not None else None
 
 
-class _Deployment:
-    """The running servers of one target; restarted when a payload took them down."""
+def _post(conn: http.client.HTTPConnection, path: str, body: bytes) -> tuple[int, bytes]:
+    """POST ``body`` as JSON on ``conn`` (reconnecting when the server closed it)."""
+    conn.request("POST", path, body=body, headers={"content-type": "application/json"})
+    response = conn.getresponse()
+    return response.status, response.read()
 
-    def __init__(self, target: Target, config: DemoConfig, ports: Mapping[str, int]) -> None:
-        self.target = target
+
+_HTTP_ERRORS = (OSError, http.client.HTTPException)
+
+
+class _Running:
+    """The running servers of one deployment; restarted when a payload took them down."""
+
+    def __init__(
+        self, deployment: Deployment, config: DemoConfig, ports: Mapping[str, int]
+    ) -> None:
+        self.deployment = deployment
         self.config = config
         self.ports = ports
         self.servers: list[RunningServer] = []
@@ -175,9 +188,9 @@ class _Deployment:
             return
         self.stop()
         mb = self.config.mem_limit_bytes // MiB
-        for spec in self.target.servers:
+        for spec in self.deployment.servers:
             progress(
-                f"[demo] starting {spec.name} ({self.target.profile}) on "
+                f"[demo] starting {spec.name} ({self.deployment.profile}) on "
                 f"{self.config.host}:{self.ports[spec.name]}, memory cap {mb} MiB"
             )
             server = RunningServer(
@@ -188,16 +201,19 @@ class _Deployment:
         self.model = self._served_model()
 
     def _served_model(self) -> str:
-        with httpx.Client(timeout=5.0) as client:
-            try:
-                data = client.get(self.entry.url + "/v1/models").json()["data"]
-                return str(data[0]["id"])
-            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-                return "ref"
+        conn = http.client.HTTPConnection(self.entry.host, self.entry.port, timeout=5.0)
+        try:
+            conn.request("GET", "/v1/models")
+            data = json.loads(conn.getresponse().read())["data"]
+            return str(data[0]["id"])
+        except (*_HTTP_ERRORS, ValueError, KeyError, IndexError, TypeError):
+            return "ref"
+        finally:
+            conn.close()
 
     @property
     def entry(self) -> RunningServer:
-        name = self.target.entry_name
+        name = self.deployment.entry_name
         return next(s for s in self.servers if s.spec.name == name)
 
     def stop(self) -> None:
@@ -206,60 +222,89 @@ class _Deployment:
         self.servers = []
 
 
-def _send(dep: _Deployment, payload: Payload, config: DemoConfig) -> Row:
-    """One request under a hard wall clock; the row says what happened to it and the servers."""
-    baselines = {s.spec.name: s.sampler.reset_peak() for s in dep.servers}
+def _steady_latency(
+    conn: http.client.HTTPConnection, path: str, body: bytes, status: int, config: DemoConfig
+) -> tuple[float | None, int]:
+    """(median ms, count) of up to ``config.steady_requests`` more requests on ``conn``, each
+    answered with ``status`` again, within ``config.steady_budget_s``."""
+    latencies: list[float] = []
+    deadline = time.monotonic() + config.steady_budget_s
+    while len(latencies) < config.steady_requests and time.monotonic() < deadline:
+        start = time.perf_counter()
+        try:
+            again, _ = _post(conn, path, body)
+        except _HTTP_ERRORS:
+            break
+        if again != status:
+            break
+        latencies.append((time.perf_counter() - start) * 1000)
+    if not latencies:
+        return None, 0
+    return round(statistics.median(latencies), 2), len(latencies)
+
+
+def _send(run: _Running, payload: DemoRequest, config: DemoConfig) -> Row:
+    """One request under a hard wall clock; the row says what happened to it and the servers,
+    and, for a refusal, its steady-state latency."""
+    baselines = {s.spec.name: s.sampler.reset_peak() for s in run.servers}
     expired = threading.Event()
 
     def expire() -> None:  # the wall clock: take the servers down, which ends the request
         expired.set()
-        dep.stop()
+        run.stop()
 
     watchdog = threading.Timer(config.timeout_s, expire)
     watchdog.daemon = True
     status: int | None = None
     code: str | None = None
     failure = ""
-    # Read the timeout from the event, not the HTTP client: a server trickling bytes must not
-    # stretch it.
-    client_timeout = httpx.Timeout(config.timeout_s + 5.0, connect=5.0)
-    url, body = dep.entry.url + payload.path, _fill(payload.body, dep.model)
-    with httpx.Client(timeout=client_timeout) as client:  # built outside the timed part
+    # The wall clock is the watchdog's, not the socket's: a server trickling bytes must not
+    # stretch it (the socket timeout only bounds each read).
+    entry = run.entry
+    conn = http.client.HTTPConnection(entry.host, entry.port, timeout=config.timeout_s + 5.0)
+    body = json.dumps(_fill(payload.body, run.model)).encode()
+    try:
         start = time.perf_counter()
         watchdog.start()
         try:
-            response = client.post(url, json=body)
-            status, code = response.status_code, _error_code(response)
-        except httpx.HTTPError as exc:
+            status, data = _post(conn, payload.path, body)
+            code = _error_code(status, data)
+        except _HTTP_ERRORS as exc:
             failure = f"{type(exc).__name__}: {exc}"
         finally:
             watchdog.cancel()
         latency_ms = (time.perf_counter() - start) * 1000
 
-    servers = list(dep.servers)
-    peaks = {s.spec.name: s.sampler.sample_now() for s in servers}
-    if status is None and not expired.is_set():
-        for s in servers:  # a dropped connection: give a dying server a moment to be reaped
-            with contextlib.suppress(subprocess.TimeoutExpired):  # still alive is an answer too
-                s.proc.wait(timeout=2.0)
+        servers = list(run.servers)
+        peaks = {s.spec.name: s.sampler.sample_now() for s in servers}
+        if status is None and not expired.is_set():
+            for s in servers:  # a dropped connection: give a dying server a moment to be reaped
+                with contextlib.suppress(subprocess.TimeoutExpired):  # still alive: an answer too
+                    s.proc.wait(timeout=2.0)
 
-    outcome: RowOutcome
-    detail = ""
-    dead = [s for s in servers if s.proc.poll() is not None]
-    if expired.is_set():
-        outcome, detail = "timeout", f"no answer within {config.timeout_s:g} s; servers stopped"
-    elif status is not None:
-        outcome = _classify(status)
-    elif dead:
-        outcome = "killed" if any(s.died_of_memory() for s in dead) else "error"
-        detail = "; ".join(f"{s.spec.name} {s.exit_description()}" for s in dead)
-    else:
-        outcome, detail = "error", failure
+        outcome: RowOutcome
+        detail = ""
+        dead = [s for s in servers if s.proc.poll() is not None]
+        if expired.is_set():
+            outcome, detail = "timeout", f"no answer within {config.timeout_s:g} s; servers stopped"
+        elif status is not None:
+            outcome = _classify(status)
+        elif dead:
+            outcome = "killed" if any(s.died_of_memory() for s in dead) else "error"
+            detail = "; ".join(f"{s.spec.name} {s.exit_description()}" for s in dead)
+        else:
+            outcome, detail = "error", failure
+        steady_ms: float | None = None
+        steady_n = 0
+        if outcome == "rejected" and status is not None and not dead:
+            steady_ms, steady_n = _steady_latency(conn, payload.path, body, status, config)
+    finally:
+        conn.close()
     peak_total = sum(peaks.values())
     base_total = sum(baselines.get(name, 0) for name in peaks)
     return Row(
-        target=dep.target.name,
-        profile=dep.target.profile,
+        target=run.deployment.name,
+        profile=run.deployment.profile,
         payload=payload.name,
         outcome=outcome,
         status=status,
@@ -272,15 +317,17 @@ def _send(dep: _Deployment, payload: Payload, config: DemoConfig) -> Row:
         server_rss_growth_mb={
             k: round(max(0, v - baselines.get(k, 0)) / MiB, 1) for k, v in peaks.items()
         },
+        steady_latency_ms=steady_ms,
+        steady_requests=steady_n,
     )
 
 
-def _allocate_ports(targets: Sequence[Target], config: DemoConfig) -> list[dict[str, int]]:
+def _allocate_ports(deployments: Sequence[Deployment], config: DemoConfig) -> list[dict[str, int]]:
     out: list[dict[str, int]] = []
     next_port = config.port_base
-    for target in targets:
+    for deployment in deployments:
         ports: dict[str, int] = {}
-        for spec in target.servers:
+        for spec in deployment.servers:
             if config.port_base:
                 ports[spec.name] = next_port
                 next_port += 1
@@ -291,48 +338,55 @@ def _allocate_ports(targets: Sequence[Target], config: DemoConfig) -> list[dict[
 
 
 def run_demo(
-    config: DemoConfig = DemoConfig(),  # frozen: sharing the default is safe
+    config: DemoConfig = _DEFAULT_CONFIG,
     *,
-    targets: Sequence[Target] = TARGETS,
-    payloads: Sequence[Payload] = PAYLOADS,
+    deployments: Sequence[Deployment] = DEPLOYMENTS,
+    payloads: Sequence[DemoRequest] = PAYLOADS,
     progress: Progress = _stderr,
 ) -> list[Row]:
-    """Send every payload to every target; return one row per (target, payload)."""
+    """Send every payload to every deployment; return one row per (deployment, payload)."""
     rows: list[Row] = []
-    for target, ports in zip(targets, _allocate_ports(targets, config), strict=True):
-        dep = _Deployment(target, config, ports)
+    for deployment, ports in zip(deployments, _allocate_ports(deployments, config), strict=True):
+        run = _Running(deployment, config, ports)
+        what = f"{deployment.name} ({deployment.profile})"
         try:
             for payload in payloads:
                 try:
-                    dep.ensure_up(progress)
+                    run.ensure_up(progress)
                 except ServerStartError as exc:
-                    progress(f"[demo] {target.name} ({target.profile}) did not start: {exc}")
-                    rows.append(_start_failure_row(target, payload, str(exc)))
+                    progress(f"[demo] {what} did not start: {exc}")
+                    rows.append(_start_failure_row(deployment, payload, str(exc)))
                     continue
-                progress(f"[demo] {target.name} ({target.profile}): sending {payload.name} ...")
-                row = _send(dep, payload, config)
+                progress(f"[demo] {what}: sending {payload.name} ...")
+                row = _send(run, payload, config)
                 rows.append(row)
                 progress(f"[demo]   -> {_summary(row)}")
         finally:
-            dep.stop()
+            run.stop()
     return rows
 
 
-def _start_failure_row(target: Target, payload: Payload, why: str) -> Row:
+def _start_failure_row(deployment: Deployment, payload: DemoRequest, why: str) -> Row:
     first_line = why.splitlines()[0] if why else "did not start"
-    return Row(target.name, target.profile, payload.name, "error", None, None, 0.0, 0.0, 0.0,
-               f"server did not start: {first_line}")  # fmt: skip
+    return Row(deployment.name, deployment.profile, payload.name, "error", None, None, 0.0, 0.0,
+               0.0, f"server did not start: {first_line}")  # fmt: skip
 
 
 def _summary(row: Row) -> str:
     what = f"{row.status} {row.code}" if row.status is not None else row.outcome
-    return f"{what} in {row.latency_ms:.1f} ms, server peak RSS {row.peak_rss_mb:.0f} MB"
+    steady = (
+        ""
+        if row.steady_latency_ms is None
+        else f" (steady {row.steady_latency_ms:.1f} ms, median of {row.steady_requests})"
+    )
+    return f"{what} in {row.latency_ms:.1f} ms{steady}, server peak RSS {row.peak_rss_mb:.0f} MB"
 
 
 def write_json(rows: Sequence[Row], path: str | Path, config: DemoConfig) -> None:
     doc = {
         "mem_limit_mb": config.mem_limit_bytes // MiB,
         "timeout_s": config.timeout_s,
+        "steady_requests": config.steady_requests,
         "rows": [r.to_json() for r in rows],
     }
     Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

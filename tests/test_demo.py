@@ -16,12 +16,12 @@ from guard.isolation import is_multiprocessing_helper
 from schedguard._report import render_comparison, render_rows
 from schedguard._servers import ServerSpec
 from schedguard.demo import (
+    DEPLOYMENTS,
     PAYLOADS,
     SEED_TEMPLATE,
-    TARGETS,
     DemoConfig,
+    Deployment,
     Row,
-    Target,
     run_demo,
     write_json,
 )
@@ -30,7 +30,7 @@ MiB = 1 << 20
 FAKE = str(Path(__file__).with_name("_fake_server.py"))
 HAS_SERVER = importlib.util.find_spec("scheduler_ref.server") is not None
 REQUIRED_KEYS = {"target", "profile", "payload", "outcome", "status", "code", "latency_ms",
-                 "peak_rss_mb"}  # fmt: skip
+                 "peak_rss_mb", "steady_latency_ms", "steady_requests"}  # fmt: skip
 
 
 def _live_descendants() -> list[psutil.Process]:
@@ -53,11 +53,11 @@ def _servers_cleaned_up() -> object:
     assert _live_descendants() == []
 
 
-def fake_target(mode: str) -> Target:
+def fake_deployment(mode: str) -> Deployment:
     def argv(ports: Mapping[str, int], host: str) -> list[str]:
         return [sys.executable, FAKE, mode, str(ports["fake"])]
 
-    return Target("fake", mode, (ServerSpec("fake", argv),))
+    return Deployment("fake", mode, (ServerSpec("fake", argv),))
 
 
 def test_seed_payload_is_the_write_ups() -> None:
@@ -65,12 +65,12 @@ def test_seed_payload_is_the_write_ups() -> None:
     assert SEED_TEMPLATE.count("}}") == 512
     assert len(SEED_TEMPLATE) == 2 * 1024 + len("system_prompt}}") * 512
     assert [p.name for p in PAYLOADS] == ["benign", "seed"]
-    assert [(t.name, t.profile) for t in TARGETS] == [
+    assert [(t.name, t.profile) for t in DEPLOYMENTS] == [
         ("scheduler_ref", "vulnerable"),
         ("scheduler_ref", "hardened"),
         ("guard", "vulnerable"),
     ]
-    guard = TARGETS[-1]
+    guard = DEPLOYMENTS[-1]
     assert [s.name for s in guard.servers] == ["scheduler_ref", "guard"]
     assert guard.entry_name == "guard" and guard.servers[-1].health_path == "/readyz"
     argv = guard.servers[-1].argv({"scheduler_ref": 9001, "guard": 9002}, "127.0.0.1")
@@ -81,8 +81,8 @@ def test_seed_payload_is_the_write_ups() -> None:
 def test_machinery_on_fake_servers(tmp_path: Path) -> None:
     config = DemoConfig(mem_limit_bytes=256 * MiB, timeout_s=2.0, startup_timeout_s=10.0)
     lines: list[str] = []
-    targets = [fake_target(m) for m in ("hog", "hang", "reject", "crash")]
-    rows = run_demo(config, targets=targets, progress=lines.append)
+    deployments = [fake_deployment(m) for m in ("hog", "hang", "reject", "crash")]
+    rows = run_demo(config, deployments=deployments, progress=lines.append)
     got = {(r.profile, r.payload): r for r in rows}
     assert len(rows) == 8
     for mode in ("hog", "hang", "reject", "crash"):
@@ -102,6 +102,10 @@ def test_machinery_on_fake_servers(tmp_path: Path) -> None:
         400,
         "template_depth_exceeded",
     )
+    # A refusal is sent again on the same connection: its steady-state latency beside the first.
+    assert reject.steady_requests == config.steady_requests
+    assert reject.steady_latency_ms is not None and reject.steady_latency_ms > 0
+    assert all(r.steady_latency_ms is None for r in rows if r.outcome != "rejected")
     crash = got[("crash", "seed")]
     assert crash.outcome == "error" and "exited 3" in crash.detail
     assert any("starting fake" in line for line in lines)
@@ -110,29 +114,35 @@ def test_machinery_on_fake_servers(tmp_path: Path) -> None:
     table = render_rows(rows, config)
     assert "killed (cap 256 MiB)" in table and "timeout (> 2 s)" in table
     assert "400 template_depth_exceeded" in table
+    assert "steady" in table and "kept-alive" in table
 
     path = tmp_path / "rows.json"
     write_json(rows, path, config)
     doc = json.loads(path.read_text())
     assert len(doc["rows"]) == 8
     assert all(set(r) >= REQUIRED_KEYS for r in doc["rows"])
+    (steady,) = [r for r in doc["rows"] if r["steady_latency_ms"] is not None]
+    assert steady["profile"] == "reject" and steady["steady_requests"] == config.steady_requests
 
 
 def test_server_restarts_after_being_killed() -> None:
     # seed first, then benign: the benign request must find a fresh server.
     config = DemoConfig(mem_limit_bytes=256 * MiB, timeout_s=2.0, startup_timeout_s=10.0)
     rows = run_demo(
-        config, targets=[fake_target("hog")], payloads=PAYLOADS[::-1], progress=lambda _: None
+        config,
+        deployments=[fake_deployment("hog")],
+        payloads=PAYLOADS[::-1],
+        progress=lambda _: None,
     )
     assert [(r.payload, r.outcome) for r in rows] == [("seed", "killed"), ("benign", "ok")]
 
 
 def test_start_failure_is_a_row_not_a_crash() -> None:
     config = DemoConfig(mem_limit_bytes=256 * MiB, timeout_s=2.0, startup_timeout_s=5.0)
-    broken = Target(
+    broken = Deployment(
         "broken", "x", (ServerSpec("b", lambda ports, host: [sys.executable, "-c", "raise SystemExit(4)"]),)
     )  # fmt: skip
-    rows = run_demo(config, targets=[broken], progress=lambda _: None)
+    rows = run_demo(config, deployments=[broken], progress=lambda _: None)
     assert [r.outcome for r in rows] == ["error", "error"]
     assert "did not start" in rows[0].detail
 
@@ -148,6 +158,9 @@ def test_comparison_names_the_seed_numbers() -> None:
     assert "127 ms" in text and "312 MB" in text and "4.2 GB" in text
     assert "98x faster" in text
     assert "guard in front" not in text
+    steady = Row("scheduler_ref", "hardened", "seed", "rejected", 400, "template_depth_exceeded",
+                 3.0, 80.0, 0.1, steady_latency_ms=0.5, steady_requests=50)  # fmt: skip
+    assert "254x faster (steady state)" in render_comparison([rows[0], steady], config)
     guarded = Row("guard", "vulnerable", "seed", "rejected", 400, "template_depth_exceeded",
                   2.0, 170.0, 0.0)  # fmt: skip
     assert "guard + vulnerable" in render_comparison([*rows, guarded], config)
@@ -178,6 +191,8 @@ def test_demo_end_to_end_on_reference_scheduler(tmp_path: Path) -> None:
     assert 400 <= hardened_seed["status"] < 500, hardened_seed
     assert hardened_seed["code"] == "template_depth_exceeded"
     assert hardened_seed["outcome"] == "rejected"
+    assert hardened_seed["steady_requests"] == config.steady_requests
+    assert hardened_seed["steady_latency_ms"] is not None
     assert got[("scheduler_ref", "hardened", "benign")]["status"] == 200
     assert got[("scheduler_ref", "vulnerable", "benign")]["status"] == 200
     vulnerable_seed = got[("scheduler_ref", "vulnerable", "seed")]
@@ -186,6 +201,7 @@ def test_demo_end_to_end_on_reference_scheduler(tmp_path: Path) -> None:
     # The same vulnerable profile behind the guard: the seed never reaches it.
     guarded_seed = got[("guard", "vulnerable", "seed")]
     assert (guarded_seed["status"], guarded_seed["code"]) == (400, "template_depth_exceeded")
+    assert guarded_seed["steady_requests"] == config.steady_requests
     assert got[("guard", "vulnerable", "benign")]["status"] == 200
     assert set(guarded_seed["server_peak_rss_mb"]) == {"scheduler_ref", "guard"}
     assert guarded_seed["server_rss_growth_mb"]["scheduler_ref"] < 5, guarded_seed
