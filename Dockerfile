@@ -20,10 +20,14 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# Every package of the wheel: each `schedguard` command runs in the image, or says in one line
+# which extra it needs (`schedguard load`: the `load` extra, not installed here).
 COPY guard ./guard
 COPY scheduler_ref ./scheduler_ref
 COPY schedguard ./schedguard
 COPY payloads ./payloads
+COPY fuzz ./fuzz
+COPY loadtests ./loadtests
 COPY scripts/install.sh ./scripts/install.sh
 RUN python -m pip wheel --no-deps --wheel-dir /dist . \
     && sh scripts/install.sh /opt/schedguard /dist/schedguard-*.whl --extras redis --no-pip
@@ -35,12 +39,15 @@ LABEL org.opencontainers.image.title="schedguard" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --system --gid 10001 schedguard \
     && useradd --system --uid 10001 --gid schedguard --no-create-home \
-       --home-dir /nonexistent --shell /usr/sbin/nologin schedguard
+       --home-dir /nonexistent --shell /usr/sbin/nologin schedguard \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/schedguard
 COPY --from=build --chown=root:root /opt/schedguard /opt/schedguard
 ENV PATH=/opt/schedguard/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 USER 10001:10001
+# The one writable directory: where `schedguard fuzz run` (say) writes its outputs by default.
+WORKDIR /var/lib/schedguard
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status != 200)"]

@@ -2,8 +2,9 @@
 # Install schedguard from its wheel into a virtual environment, then check the install.
 #
 # The one install procedure: the Dockerfile's build stage runs exactly this script, and
-# tests/test_dockerfile.py runs it too (with --no-deps, offline and fast), so the image's
-# install steps are tested without a Docker engine.
+# tests/test_dockerfile.py and tests/test_packaging.py run it too (the latter with the
+# dependencies, from pip's configured indexes), so the image's install steps are tested without a
+# Docker engine.
 #
 #   scripts/install.sh PREFIX WHEEL [--extras LIST] [--no-deps] [--no-pip]
 #
@@ -11,7 +12,7 @@
 #   WHEEL           the schedguard wheel (python -m pip wheel --no-deps --wheel-dir dist .)
 #   --extras LIST   optional extras, comma-separated (the image: redis). Never dev or load:
 #                   the runtime gets runtime dependencies only
-#   --no-deps       install the wheel alone (tests); the check stops at the command line
+#   --no-deps       install the wheel alone; the check stops at the command line
 #   --no-pip        remove pip and setuptools from the environment afterwards (the image)
 #
 # Environment: PYTHON (default python3) creates the environment; PIP_* settings are honoured.
@@ -52,11 +53,15 @@ else
     "$prefix/bin/python" -m pip install --no-cache-dir --disable-pip-version-check "$target"
 fi
 
-# Check: the command runs, and (with its dependencies) the guard imports and the runtime holds
-# no development or load-test packages.
+# Check: the command runs, and (with its dependencies) the commands the image offers run for
+# real (the default policy loads with its tokenizer, the fuzz targets list), and the runtime
+# holds no development or load-test packages.
 "$prefix/bin/schedguard" --help >/dev/null
+"$prefix/bin/schedguard" --version
 if [ -z "$nodeps" ]; then
-    "$prefix/bin/python" -c "import guard.app, guard.server, scheduler_ref.server"
+    "$prefix/bin/python" -c "import guard.app, guard.server, scheduler_ref.server, fuzz.targets"
+    "$prefix/bin/schedguard" policy show >/dev/null
+    "$prefix/bin/schedguard" fuzz list >/dev/null
     for dev in pytest locust mypy hypothesis; do
         if "$prefix/bin/python" -c "import $dev" 2>/dev/null; then
             echo "install.sh: $dev is installed in the runtime environment" >&2

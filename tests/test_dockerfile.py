@@ -56,8 +56,8 @@ def parse(text: str) -> tuple[dict[str, str], list[Stage]]:
             buf += line[:-1] + " "
             continue
         buf += line
-        op, _, args = buf.partition(" ")
-        instructions.append(Instruction(start, op.upper(), args.strip()))
+        op, _, rest = buf.partition(" ")
+        instructions.append(Instruction(start, op.upper(), rest.strip()))
         buf = ""
     assert not buf, "the Dockerfile ends inside a continuation"
     args: dict[str, str] = {}
