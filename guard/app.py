@@ -35,10 +35,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard.admission import ConcurrencyLimiter, RateLimiter, make_rate_limiter
-from guard.errors import GuardError, NotFound
-from guard.gateway import Gateway, InternalError, check_outcomes
+from guard.errors import ClientDisconnected, GuardError, InternalError, NotFound
+from guard.gateway import Gateway, check_outcomes
 from guard.http import (
-    ClientDisconnected,
     Upstream,
     head_refusals,
     inspect_head,

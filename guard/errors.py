@@ -1,12 +1,45 @@
-"""Typed errors shared by the guard and the reference scheduler.
+"""The guard's exceptions, all in one place (the reference scheduler shares :class:`GuardError`).
 
-Every rejection carries a stable ``code`` (also used as a Prometheus label value), an HTTP
-status and a human message, and renders as OpenAI's error body so existing clients surface it.
+- :class:`GuardError` and its subclasses are refusals and failures a client sees: each carries a
+  stable ``code`` (also used as a Prometheus label value), an HTTP status and a human message,
+  and renders as OpenAI's error body so existing clients surface it.
+- :class:`TransportError` and its subclasses are the upstream client's failures
+  (:mod:`guard.http._client`); :class:`~guard.http.Upstream` maps them to
+  :class:`UpstreamError`.
+- :class:`RegexRejected`, :class:`ScanLimitError` and :class:`FormatRefused` are what the
+  scanners raise; their callers turn them into a :class:`GuardError` with the right code.
+- :class:`PolicyError`: an invalid policy (a configuration error, not a request's).
+
+Not here, on purpose: ``TemplateRaised`` (:mod:`guard.jinja`) subclasses jinja2's
+``TemplateError``, as Hugging Face's ``raise_exception`` does, and this module imports nothing
+outside the standard library; and a few module-private signals that never leave their module
+(the JSON reader's hook refusals, the connection pool's stale-connection retry).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+__all__ = [
+    "ClientDisconnected",
+    "ClientTooSlow",
+    "ConnectFailed",
+    "FormatRefused",
+    "GuardError",
+    "InternalError",
+    "LimitExceeded",
+    "NotFound",
+    "Overloaded",
+    "PolicyError",
+    "RateLimited",
+    "RegexRejected",
+    "ResponseBroken",
+    "ScanLimitError",
+    "TemplateError",
+    "TransportError",
+    "UpstreamError",
+    "UpstreamTimeout",
+]
 
 
 class GuardError(Exception):
@@ -71,3 +104,97 @@ class Overloaded(GuardError):
 
 class NotFound(GuardError):
     status = 404
+
+
+class InternalError(GuardError):
+    """A bug in the guard (never bad input): 500, no detail in the body, the cause logged."""
+
+    status = 500
+    type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__("internal_error", "the guard failed; the error was logged")
+
+
+class ClientDisconnected(GuardError):
+    """The client went away while we were reading; never sent (nobody is listening)."""
+
+    status = 499
+
+    def __init__(self) -> None:
+        super().__init__("client_disconnected", "the client disconnected")
+
+
+class ClientTooSlow(GuardError):
+    """The client stopped reading the response (the gateway cuts it)."""
+
+    status = 499
+
+    def __init__(self) -> None:
+        super().__init__("client_too_slow", "the client stopped reading the response")
+
+
+class UpstreamError(GuardError):
+    """The upstream failed: unreachable or broken (502), or too slow (504)."""
+
+    status = 502
+    type = "server_error"
+
+
+# -- the upstream client's transport failures ---------------------------------------------------
+
+
+class TransportError(Exception):
+    """The exchange with the upstream failed."""
+
+
+class ConnectFailed(TransportError):
+    """No connection could be made."""
+
+
+class ResponseBroken(TransportError):
+    """The connection broke or the response was not valid HTTP/1.1 within the caps."""
+
+
+class UpstreamTimeout(TransportError, TimeoutError):
+    """A connect, read or total timeout ran out."""
+
+
+# -- what the scanners raise ------------------------------------------------------------------
+
+
+class RegexRejected(Exception):
+    """A regex (or grammar) is refused. ``message`` never contains pattern text."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ScanLimitError(Exception):
+    """A chat template crossed a scan limit; ``kind`` is ``size``, ``block``, ``expr`` or
+    ``tokens``."""
+
+    def __init__(self, kind: str, value: int, limit: int) -> None:
+        super().__init__(f"{kind} {value} exceeds {limit}")
+        self.kind = kind
+        self.value = value
+        self.limit = limit
+
+
+class FormatRefused(Exception):
+    """A format string cannot be bounded (or its widths are too big); the message says why."""
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+class PolicyError(ValueError):
+    """The policy is invalid. ``problems`` holds one ``"path: message"`` line per problem."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        where = f" ({source})" if source else ""
+        super().__init__(f"invalid policy{where}:\n" + "\n".join(f"  {p}" for p in problems))

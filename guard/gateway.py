@@ -35,10 +35,9 @@ from guard.admission import (
     RateLimiter,
     Reservation,
 )
-from guard.errors import GuardError, NotFound
+from guard.errors import ClientDisconnected, ClientTooSlow, GuardError, InternalError, NotFound
 from guard.http import (
     DISCONNECT_EXTENSION,
-    ClientDisconnected,
     DisconnectHook,
     SseRelay,
     Upstream,
@@ -56,7 +55,6 @@ from guard.telemetry import AccessLog, GuardMetrics, RequestFields, RequestSpan,
 
 __all__ = [
     "Gateway",
-    "InternalError",
     "check_outcomes",
     "extract_usage",
     "forward_body",
@@ -559,11 +557,11 @@ class Gateway:
             async with asyncio.timeout(self.client_timeout_s):
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         except TimeoutError:
-            raise _ClientTooSlow() from None
+            raise ClientTooSlow() from None
 
     async def _fail(self, ex: _Exchange, send: Send, err: GuardError) -> None:
         ex.status, ex.code = err.status, err.code
-        if isinstance(err, _ClientTooSlow):
+        if isinstance(err, ClientTooSlow):
             self.metrics.aborted("client_too_slow")
         self.metrics.rejected(err.code)
         if ex.response_started:
@@ -615,23 +613,6 @@ class Gateway:
                 span.set("url.path", ex.path)
             span.checks(ex.checks)
             span.end(ex.status, ex.code)
-
-
-class InternalError(GuardError):
-    """A bug in the guard (never bad input): 500, no detail in the body, the cause logged."""
-
-    status = 500
-    type = "server_error"
-
-    def __init__(self) -> None:
-        super().__init__("internal_error", "the guard failed; the error was logged")
-
-
-class _ClientTooSlow(GuardError):
-    status = 499
-
-    def __init__(self) -> None:
-        super().__init__("client_too_slow", "the client stopped reading the response")
 
 
 async def send_error(send: Send, err: GuardError, request_id: str) -> None:

@@ -19,11 +19,11 @@ from typing import Any
 
 from guard.errors import GuardError
 from scheduler_ref import api_models as api
-from scheduler_ref._http_errors import InternalError
 from scheduler_ref._prompts import Prompt
 from scheduler_ref._sse import DONE, sse_event
 from scheduler_ref._stop import StopMatcher
 from scheduler_ref.engine import Engine, RequestStream
+from scheduler_ref.errors import ServerError
 from scheduler_ref.output import RequestOutput
 from scheduler_ref.request import SamplingParams
 
@@ -216,7 +216,7 @@ async def stream_events(
         # The response has started: report the error in-band, as OpenAI does.
         if not isinstance(exc, GuardError):
             log.exception("stream failed")
-            exc = InternalError("internal_error", "the server hit an internal error")
+            exc = ServerError("internal_error", "the server hit an internal error")
         on_error(exc.code)
         yield sse_event(exc.to_body())
         yield DONE

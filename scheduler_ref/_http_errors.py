@@ -20,16 +20,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from guard.errors import GuardError, NotFound
+from scheduler_ref.errors import ServerError
 
 logger = logging.getLogger("scheduler_ref.server")
 
 # Messages quote pydantic's text, never the offending input: that may be attacker-sized.
 _MAX_PARAM_CHARS = 200
-
-
-class InternalError(GuardError):
-    status = 500
-    type = "server_error"
 
 
 def error_response(err: GuardError) -> JSONResponse:
@@ -113,13 +109,13 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[str], None]) -> Non
         # Reaching an address-space cap (the demo's RLIMIT_AS) raises MemoryError; without a cap
         # the kernel would kill the process instead. Named, so the outcome is legible.
         logger.error("out of memory while serving a request")
-        err = InternalError("out_of_memory", "the server ran out of memory")
+        err = ServerError("out_of_memory", "the server ran out of memory")
         on_error(err.code)
         return error_response(err)
 
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error", exc_info=exc)
-        err = InternalError("internal_error", "the server hit an internal error")
+        err = ServerError("internal_error", "the server hit an internal error")
         on_error(err.code)
         return error_response(err)
 

@@ -64,7 +64,7 @@ class _Sink:
         self.is_output = is_output
 
 
-class _Frame:
+class _RenderFrame:
     __slots__ = ("index", "nodes", "sink", "target", "variable")
 
     def __init__(
@@ -174,7 +174,7 @@ class _Engine:
         budget = self.budget
         variables = self.variables
         output = _Sink(is_output=True)
-        stack = [_Frame(root, output)]
+        stack = [_RenderFrame(root, output)]
         expanding: list[str] = []  # variables being expanded, outermost first (cycle checks)
         resolved = 0
         while stack:
@@ -187,7 +187,9 @@ class _Engine:
                     self.emit(node.text, frame.sink)
                 else:
                     self.check_depth(len(stack))
-                    stack.append(_Frame(node.parts, _Sink(is_output=False), target=frame.sink))
+                    stack.append(
+                        _RenderFrame(node.parts, _Sink(is_output=False), target=frame.sink)
+                    )
                 continue
             stack.pop()
             budget.charge_steps()
@@ -218,7 +220,7 @@ class _Engine:
                     )
                 expanding.append(name)
             # The value takes the place of the name frame, at the same depth.
-            stack.append(_Frame(self.value_nodes(name, value), frame.target, variable=name))
+            stack.append(_RenderFrame(self.value_nodes(name, value), frame.target, variable=name))
         return "".join(output.parts), resolved
 
 

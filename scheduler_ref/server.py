@@ -60,6 +60,7 @@ from scheduler_ref._prompts import Prompt, PromptBuilder, Tokenizer, default_max
 from scheduler_ref._sse import EventStreamResponse
 from scheduler_ref.config import SchedulerConfig
 from scheduler_ref.engine import Engine
+from scheduler_ref.errors import ClientGone
 from scheduler_ref.executor import SimulatedExecutor
 from scheduler_ref.metrics import CONTENT_TYPE, ServerMetrics
 from scheduler_ref.profiles import Profile
@@ -226,11 +227,6 @@ async def _generate(
     return JSONResponse(completion_response(gen, choices, req.model, created, echo))
 
 
-class _ClientGone(GuardError):
-    # Never seen by the client (it has left); counted under its code.
-    status = 499
-
-
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Run ``work``; cancel it (and raise ``client_disconnected``) if the client goes away."""
     task = asyncio.ensure_future(work)
@@ -242,7 +238,7 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, GuardError):
             await task
-        raise _ClientGone("client_disconnected", "the client disconnected")
+        raise ClientGone("client_disconnected", "the client disconnected")
     finally:
         for t in (task, watcher):
             if not t.done():

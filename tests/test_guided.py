@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from guard.errors import GuardError, LimitExceeded
+from guard.errors import GuardError, LimitExceeded, RegexRejected
 from guard.guided import GuidedLimits, check_guided_decoding
-from guard.guided._regex_scan import RegexRejected, scan_regex
+from guard.guided._regex_scan import scan_regex
 from guard.isolation import preload, run_limited
 
 preload("guard.guided._check")

@@ -19,15 +19,8 @@ from typing import Any
 
 import pytest
 
-from guard.http._client import (
-    KEEPALIVE_S,
-    ConnectFailed,
-    ConnectionPool,
-    Response,
-    ResponseBroken,
-    UpstreamConfig,
-    UpstreamTimeout,
-)
+from guard.errors import ConnectFailed, ResponseBroken, UpstreamTimeout
+from guard.http._client import KEEPALIVE_S, ConnectionPool, PooledResponse, UpstreamConfig
 
 # ------------------------------------------------------------------------------ the harness
 
@@ -163,7 +156,7 @@ async def keep_alive(peer: Peer) -> None:
         await peer.send(ok())
 
 
-async def read_all(resp: Response) -> bytes:
+async def read_all(resp: PooledResponse) -> bytes:
     out = bytearray()
     while data := await resp.read_chunk():
         out += data

@@ -40,11 +40,11 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 from urllib.parse import unquote
 
-from guard.errors import GuardError, LimitExceeded
+from guard.errors import GuardError, LimitExceeded, RegexRejected
 from guard.guided._grammar_scan import scan_gbnf, scan_nesting
 from guard.guided._limits import GuidedLimits
 from guard.guided._re2 import re2_program_size
-from guard.guided._regex_scan import UNSAFE, RegexRejected, scan_regex
+from guard.guided._regex_scan import UNSAFE, scan_regex
 
 __all__ = ["check_guided_decoding"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from guard.guided._regex_scan import RegexRejected
+from guard.errors import RegexRejected
 
 _COUNT_CAP = 1 << 30
 

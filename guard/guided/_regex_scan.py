@@ -40,19 +40,11 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple, NoReturn
 
+from guard.errors import RegexRejected
 from guard.guided._limits import GuidedLimits
 
 INVALID = "guided_regex_invalid"
 UNSAFE = "guided_regex_unsafe"
-
-
-class RegexRejected(Exception):
-    """The pattern is refused. ``message`` never contains pattern text."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -228,7 +220,7 @@ class _Elem:
         self.chain = _NO_CHAIN
 
 
-class _Frame:
+class _GroupFrame:
     """An open group: the alternation finished so far plus the current branch."""
 
     __slots__ = (
@@ -293,14 +285,14 @@ def _add(a: int | None, b: int | None) -> int | None:
     return min(a + b, _NUM_CAP)
 
 
-class _Scanner:
+class _RegexScanner:
     def __init__(self, pattern: str, limits: GuidedLimits) -> None:
         self.p = pattern
         self.n = len(pattern)
         self.limits = limits
         self.fold = _has_fold_flag(pattern)
         self.max_bits = math.log2(max(limits.max_regex_ambiguous_ways, 1))
-        self.stack: list[_Frame] = [_Frame(False, False, _NO_CHAIN)]
+        self.stack: list[_GroupFrame] = [_GroupFrame(False, False, _NO_CHAIN)]
         self.max_product = 1
         self.max_depth = 0
 
@@ -321,7 +313,7 @@ class _Scanner:
             size = size * 3 + 4  # case folding splits ranges (k and s also fold to U+212A, U+017F)
         return _Elem(mask, size, 1)
 
-    def _commit(self, frame: _Frame) -> None:
+    def _commit(self, frame: _GroupFrame) -> None:
         """Append the pending element to the current branch of ``frame``."""
         e = frame.pending
         if e is None:
@@ -343,7 +335,7 @@ class _Scanner:
             frame.items.extend(e.items)
         self._chain(frame, e)
 
-    def _chain(self, frame: _Frame, e: _Elem) -> None:
+    def _chain(self, frame: _GroupFrame, e: _Elem) -> None:
         """Follow runs of adjacent variable-length pieces that can trade characters (``b*b*``,
         ``.*a.*``): each such pair is an ambiguity, and a long run of unbounded ones is a
         polynomial blow-up by itself."""
@@ -395,7 +387,7 @@ class _Scanner:
             common = chain.chars & e.chars
             frame.chain = chain._replace(chars=common) if common else _NO_CHAIN
 
-    def _finish_branch(self, frame: _Frame) -> None:
+    def _finish_branch(self, frame: _GroupFrame) -> None:
         self._commit(frame)
         if frame.branches == 0:
             frame.a_first, frame.a_last, frame.a_chars = frame.s_first, frame.s_last, frame.s_chars
@@ -433,7 +425,7 @@ class _Scanner:
         frame.branches += 1
         frame._reset_branch()
 
-    def _close(self, frame: _Frame) -> _Elem:
+    def _close(self, frame: _GroupFrame) -> _Elem:
         self._finish_branch(frame)
         if frame.zero_width:
             e = _Elem(0, frame.a_size + 2, 0)
@@ -696,7 +688,7 @@ class _Scanner:
             raise RegexRejected(
                 UNSAFE, f"groups are nested more than {self.limits.max_regex_nesting} deep"
             )
-        self.stack.append(_Frame(capture, zero_width, parent.chain))
+        self.stack.append(_GroupFrame(capture, zero_width, parent.chain))
         if len(self.stack) - 1 > self.max_depth:
             self.max_depth = len(self.stack) - 1
         return j
@@ -857,4 +849,4 @@ def _has_fold_flag(pattern: str) -> bool:
 
 def scan_regex(pattern: str, limits: GuidedLimits) -> ScanResult:
     """Scan ``pattern`` in one pass; raise :class:`RegexRejected` on the first problem."""
-    return _Scanner(pattern, limits).scan()
+    return _RegexScanner(pattern, limits).scan()

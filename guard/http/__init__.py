@@ -4,13 +4,13 @@ pooled upstream client, SSE relay and client-disconnect hooks.
 
 from __future__ import annotations
 
+from guard.errors import ClientDisconnected, UpstreamError
 from guard.http._client import UpstreamConfig
 from guard.http._disconnect import (
     DISCONNECT_EXTENSION,
     DisconnectHook,
 )
 from guard.http._framing import (
-    ClientDisconnected,
     FramingLimits,
     RequestHead,
     inspect_head,
@@ -27,7 +27,6 @@ from guard.http._sse_relay import (
 from guard.http._upstream import (
     HOP_BY_HOP,
     Upstream,
-    UpstreamError,
     UpstreamResponse,
     response_headers,
 )

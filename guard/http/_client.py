@@ -7,10 +7,10 @@ an aiohttp ``ClientSession`` and about 48 us with this client. The guard talks t
 sends bodies it already holds in memory and needs none of aiohttp's cookies, redirects, auth,
 proxies or multipart, which is what makes the difference.
 
-:class:`ConnectionPool` ``.request()`` returns a :class:`Response` once the status line and
-headers are in; its body is read whole or chunk by chunk, then the response is released (the
-connection goes back to the pool when the body was read to its end, and is closed otherwise).
-Failures raise:
+:class:`ConnectionPool` ``.request()`` returns a :class:`PooledResponse` once the status line
+and headers are in; its body is read whole or chunk by chunk, then the response is released
+(the connection goes back to the pool when the body was read to its end, and is closed
+otherwise). Failures raise (the classes are in :mod:`guard.errors`):
 
 - :class:`ConnectFailed`: the connection could not be made (refused, unresolvable, TLS);
 - :class:`ResponseBroken`: reset or closed early, a malformed response, headers over the caps;
@@ -37,15 +37,13 @@ import pydantic.dataclasses
 from pydantic import Field
 
 from guard._limits import LIMITS_CONFIG, PosFloat, PosInt
+from guard.errors import ConnectFailed, ResponseBroken, UpstreamTimeout
 
 __all__ = [
-    "ClientError",
-    "ConnectFailed",
+    "KEEPALIVE_S",
     "ConnectionPool",
-    "Response",
-    "ResponseBroken",
+    "PooledResponse",
     "UpstreamConfig",
-    "UpstreamTimeout",
 ]
 
 # Buffered response bytes above which the socket is not read until the consumer catches up.
@@ -56,24 +54,9 @@ _MAX_HEADER_COUNT = 256
 _HEAD_SLACK = 4 * 1024 + 4 * _MAX_HEADER_COUNT
 
 
-class ClientError(Exception):
-    """The exchange with the upstream failed."""
-
-
-class ConnectFailed(ClientError):
-    """No connection could be made."""
-
-
-class ResponseBroken(ClientError):
-    """The connection broke or the response was not valid HTTP/1.1 within the caps."""
-
-
 class _StaleConnection(ResponseBroken):
-    """A reused connection closed before any byte of the response: safe to send again."""
-
-
-class UpstreamTimeout(ClientError, TimeoutError):
-    """A connect, read or total timeout ran out."""
+    """A reused connection closed before any byte of the response: safe to send again (a
+    signal inside the pool, never raised out of it)."""
 
 
 # Idle pooled connections are closed after this; below the upstream's own keep-alive timeout
@@ -123,7 +106,7 @@ class UpstreamConfig:
         return value.rstrip("/") if value is not None else None
 
 
-class Response:
+class PooledResponse:
     """A response whose status and headers are in. ``raw_headers``: (name, value) as received."""
 
     __slots__ = ("_conn", "content_length", "raw_headers", "status")
@@ -178,7 +161,7 @@ class _Connection(asyncio.Protocol):
         self._length: int | None = None
         self._chunked = False
         self._received = False
-        self._head: asyncio.Future[Response] | None = None
+        self._head: asyncio.Future[PooledResponse] | None = None
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -196,7 +179,7 @@ class _Connection(asyncio.Protocol):
 
     def send(
         self, head: bytes, body: bytes | None, read_timeout: float, total_timeout: float
-    ) -> asyncio.Future[Response]:
+    ) -> asyncio.Future[PooledResponse]:
         transport = self.transport
         if transport is None or self.closed or transport.is_closing():
             # Closed by the upstream between the pool and here: as good as stale.
@@ -355,7 +338,7 @@ class _Connection(asyncio.Protocol):
         self._headers_done = True
         head = self._head
         if head is not None and not head.done():
-            head.set_result(Response(self, status, self._headers, self._length))
+            head.set_result(PooledResponse(self, status, self._headers, self._length))
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
@@ -445,7 +428,7 @@ class ConnectionPool:
         body: bytes | None,
         *,
         total_timeout_s: float | None = None,
-    ) -> Response:
+    ) -> PooledResponse:
         """Send one request (``path`` joined to the base URL's path, query included) and
         return once the response headers are in. ``headers`` must not carry ``host`` or
         framing headers: the client writes those."""

@@ -39,10 +39,9 @@ from pydantic import Field
 from starlette.types import Receive
 
 from guard._limits import LIMITS_CONFIG, PosFloat, PosInt
-from guard.errors import GuardError, LimitExceeded
+from guard.errors import ClientDisconnected, GuardError, LimitExceeded
 
 __all__ = [
-    "ClientDisconnected",
     "FramingLimits",
     "RequestHead",
     "inspect_head",
@@ -143,15 +142,6 @@ class RequestHead:
     @property
     def has_body(self) -> bool:
         return bool(self.content_length) or self.chunked
-
-
-class ClientDisconnected(GuardError):
-    """The client went away while we were reading; never sent (nobody is listening)."""
-
-    status = 499
-
-    def __init__(self) -> None:
-        super().__init__("client_disconnected", "the client disconnected")
 
 
 def _too_large(code: str, message: str) -> LimitExceeded:

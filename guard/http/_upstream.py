@@ -25,20 +25,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
 
-from guard.errors import GuardError
+from guard.errors import ConnectFailed, TransportError, UpstreamError
 from guard.http._client import (
     KEEPALIVE_S,
-    ClientError,
-    ConnectFailed,
     ConnectionPool,
-    Response,
+    PooledResponse,
     UpstreamConfig,
 )
 
 __all__ = [
     "HOP_BY_HOP",
     "Upstream",
-    "UpstreamError",
     "UpstreamResponse",
     "response_headers",
 ]
@@ -74,13 +71,6 @@ _IDENTITY = (b"accept-encoding", b"identity")
 _NOT_RETURNED_RAW = frozenset(name.encode("latin-1") for name in _NOT_RETURNED)
 
 
-class UpstreamError(GuardError):
-    """The upstream failed: unreachable or broken (502), or too slow (504)."""
-
-    status = 502
-    type = "server_error"
-
-
 def _map_error(exc: BaseException) -> UpstreamError:
     """The client-facing error for a transport failure (the cause stays in our logs only)."""
     if isinstance(exc, ConnectFailed):
@@ -92,7 +82,7 @@ def _map_error(exc: BaseException) -> UpstreamError:
     return UpstreamError("upstream_error", "the upstream server failed while answering")
 
 
-_TRANSPORT_ERRORS = (ClientError, TimeoutError, OSError)
+_TRANSPORT_ERRORS = (TransportError, TimeoutError, OSError)
 
 
 class UpstreamResponse:
@@ -100,7 +90,7 @@ class UpstreamResponse:
 
     __slots__ = ("_resp", "content_type", "status")
 
-    def __init__(self, resp: Response) -> None:
+    def __init__(self, resp: PooledResponse) -> None:
         self._resp = resp
         self.status: int = resp.status
         content_type = ""

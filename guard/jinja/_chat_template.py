@@ -28,7 +28,7 @@ from jinja2.exceptions import SecurityError, TemplateSyntaxError
 from jinja2.exceptions import TemplateError as JinjaTemplateError
 
 from guard.budget import Budget
-from guard.errors import GuardError, LimitExceeded, TemplateError
+from guard.errors import GuardError, LimitExceeded, ScanLimitError, TemplateError
 from guard.jinja._filters import TemplateRaised, hf_strftime_now, hf_tojson, raise_exception
 from guard.jinja._meters import (
     CODE_DEADLINE,
@@ -50,7 +50,7 @@ from guard.jinja._meters import (
     set_state,
 )
 from guard.jinja._sandbox import GuardedTemplate, HardenedEnvironment
-from guard.jinja._scan import ScanLimitError, ScanStats, scan_template
+from guard.jinja._scan import ScanStats, scan_template
 
 __all__ = [
     "CODE_DEADLINE",

@@ -20,14 +20,14 @@ from jinja2.filters import make_attrgetter, sync_do_join
 from jinja2.runtime import Undefined
 from jinja2.utils import pass_environment, pass_eval_context
 
-from guard.errors import TemplateError
+from guard.errors import FormatRefused, TemplateError
 from guard.jinja._meters import (
     CODE_RENDER_FAILED,
     RenderState,
     current_state,
     value_too_large,
 )
-from guard.jinja._sizes import FormatRefused, printf_bound, size_bound
+from guard.jinja._sizes import printf_bound, size_bound
 
 # Filters that are slow per character in pure Python (textwrap) get a smaller input cap.
 _WORDWRAP_MAX_CHARS = 64 * 1024

@@ -32,7 +32,7 @@ from jinja2.runtime import Context, LoopContext, Macro, markup_join, str_join
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from markupsafe import EscapeFormatter, Markup, escape
 
-from guard.errors import TemplateError
+from guard.errors import FormatRefused, TemplateError
 from guard.jinja._filters import (
     check_method_call,
     check_printf,
@@ -54,7 +54,7 @@ from guard.jinja._meters import (
     set_state,
     value_too_large,
 )
-from guard.jinja._sizes import FormatRefused, Mode, check_format_spec, size_bound
+from guard.jinja._sizes import Mode, check_format_spec, size_bound
 
 ALL_BINOPS = frozenset({"+", "-", "*", "/", "//", "%", "**"})
 _SEQUENCES = (str, bytes, list, tuple)

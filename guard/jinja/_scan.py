@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from guard.errors import ScanLimitError
 from guard.jinja._meters import ChatTemplateLimits
 
 # ``{{``, ``{%`` or ``{#``: the three ways into a tag.
@@ -48,16 +49,6 @@ class ScanStats:
     syntax_tokens: int
 
 
-class ScanLimitError(Exception):
-    """A limit was crossed; ``kind`` is one of ``size``, ``block``, ``expr``, ``tokens``."""
-
-    def __init__(self, kind: str, value: int, limit: int) -> None:
-        super().__init__(f"{kind} {value} exceeds {limit}")
-        self.kind = kind
-        self.value = value
-        self.limit = limit
-
-
 def utf8_length_upper_bound_exceeds(source: str, limit: int) -> bool:
     """Whether ``source`` is over ``limit`` UTF-8 bytes, without encoding more than needed."""
     if len(source) > limit:
@@ -72,7 +63,7 @@ def scan_template(source: str, limits: ChatTemplateLimits) -> ScanStats:
     if utf8_length_upper_bound_exceeds(source, limits.max_source_bytes):
         size = len(source.encode("utf-8", "surrogatepass")) if len(source) < (1 << 24) else -1
         raise ScanLimitError("size", size, limits.max_source_bytes)
-    scanner = _Scanner(source, limits)
+    scanner = _TemplateScanner(source, limits)
     scanner.run()
     return ScanStats(
         source_bytes=len(source.encode("utf-8", "surrogatepass")),
@@ -82,7 +73,7 @@ def scan_template(source: str, limits: ChatTemplateLimits) -> ScanStats:
     )
 
 
-class _Scanner:
+class _TemplateScanner:
     def __init__(self, source: str, limits: ChatTemplateLimits) -> None:
         self.src = source
         self.limits = limits

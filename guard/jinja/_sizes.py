@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from jinja2.utils import Namespace
 
+from guard.errors import FormatRefused
+
 Mode = Literal["str", "repr", "json"]
 
 # Characters JSON escapes beyond the quote, backslash, \n, \r and \t counted separately.
@@ -133,10 +135,6 @@ _PRINTF = re.compile(
     r"%(?:\((?P<key>[^()]*)\))?[-+ #0]*(?P<width>\*|\d+)?(?:\.(?P<prec>\*|\d+)?)?[hlL]?(?P<conv>.?)",
     re.S,
 )
-
-
-class FormatRefused(Exception):
-    """The format cannot be bounded (or its widths are too big); the message says why."""
 
 
 def _number(digits: str, max_width: int, what: str) -> int:

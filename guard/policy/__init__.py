@@ -21,10 +21,10 @@ Every field is documented in docs/POLICY.md (generated from the field descriptio
 :class:`~guard.http.UpstreamConfig`, :class:`RatePolicy`), declared once next to that code.
 """
 
+from guard.errors import PolicyError
 from guard.policy._load import (
     ENV_PREFIX,
     ENV_SEPARATOR,
-    PolicyError,
     default_policy,
     load_policy,
     policy_from_yaml,

@@ -20,20 +20,11 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from guard.errors import PolicyError
 from guard.policy._models import Policy, is_section, model_dump_for, section_fields
 
 ENV_PREFIX = "SCHEDGUARD_"
 ENV_SEPARATOR = "__"
-
-
-class PolicyError(ValueError):
-    """The policy is invalid. ``problems`` holds one ``"path: message"`` line per problem."""
-
-    def __init__(self, problems: list[str], source: str | None = None) -> None:
-        self.problems = problems
-        self.source = source
-        where = f" ({source})" if source else ""
-        super().__init__(f"invalid policy{where}:\n" + "\n".join(f"  {p}" for p in problems))
 
 
 # -- YAML ---------------------------------------------------------------------------------------

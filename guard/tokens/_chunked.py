@@ -36,14 +36,19 @@ _SEARCH_FIRST = 16384
 
 
 @dataclass
-class EngineResult:
+class ChunkedCount:
+    """A chunked count: ``tokens`` (exact, or a lower bound once over the limit), whether it is
+    ``exact``, whether it is ``within`` the limit, and how many bytes went to the tokenizer."""
+
     tokens: int
     exact: bool
     within: bool
     tokenized_bytes: int
 
 
-class Engine:
+class ChunkedCounter:
+    """Counts tokens chunk by chunk for one tokenizer backend (see the module docstring)."""
+
     def __init__(self, backend: Backend, weights: ByteWeights | None) -> None:
         self.backend = backend
         self.rules = backend.rules
@@ -62,7 +67,7 @@ class Engine:
         weight: int | None,
         cls: bytes | None = None,
         splits: int | None = None,
-    ) -> EngineResult:
+    ) -> ChunkedCount:
         """Count ``data``; stop once the count is known to exceed ``limit``.
 
         ``weight`` is the :class:`ByteWeights` weight of ``data`` (None: no byte bounds);
@@ -74,7 +79,7 @@ class Engine:
         rules = self.rules
         if rules is None:
             c = self.backend.encode_count(data.decode("utf-8"))
-            return EngineResult(c, True, limit is None or c <= limit, n)
+            return ChunkedCount(c, True, limit is None or c <= limit, n)
         weights = self.weights
         if cls is None:
             cls = classify(data)
@@ -93,10 +98,10 @@ class Engine:
                 if s_rest is not None:
                     bound = max(bound, count + s_rest + 1)
                 if bound > limit:
-                    return EngineResult(bound, False, False, tokenized)
+                    return ChunkedCount(bound, False, False, tokenized)
                 if not exact and weights is not None and count + (n - i) <= limit:
                     # Byte upper bound on the rest: the whole prompt fits.
-                    return EngineResult(count + n - i, False, True, tokenized)
+                    return ChunkedCount(count + n - i, False, True, tokenized)
             step = self._periodic_step(data, cls, i, n) if n - i >= PERIODIC_MIN else None
             if step is None:
                 j = self._chunk_end(data, cls, i, n)
@@ -107,7 +112,7 @@ class Engine:
             tokenized += t
             count += c
             if limit is not None and count > limit:
-                return EngineResult(count, False, False, tokenized)
+                return ChunkedCount(count, False, False, tokenized)
             if j < n and (w_rest is not None or s_rest is not None):
                 # The rest shrinks by what was just counted.
                 if unit is None:
@@ -123,7 +128,7 @@ class Engine:
                         s_rest -= rules.pieces_lower_bound(cls, i, p + 1)
                         s_rest -= k * rules.pieces_lower_bound(cls, p, p + d + 1)
             i = j
-        return EngineResult(count, True, limit is None or count <= limit, tokenized)
+        return ChunkedCount(count, True, limit is None or count <= limit, tokenized)
 
     def _chunk_end(self, data: bytes, cls: bytes, i: int, n: int) -> int:
         """The end of the next chunk: the last split before ``i + CHUNK``, else the next one."""

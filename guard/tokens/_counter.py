@@ -31,7 +31,7 @@ from typing import Literal
 from guard.errors import LimitExceeded
 from guard.tokens._backends import Backend, HFBackend, load_tiktoken
 from guard.tokens._bounds import ByteWeights, sanitize, utf8_bytes
-from guard.tokens._chunked import Engine
+from guard.tokens._chunked import ChunkedCounter
 from guard.tokens._pretokenize import classify
 
 __all__ = [
@@ -111,7 +111,7 @@ class BPETokenCounter(TokenCounter):
         self.byte_bounds = self.weights is not None
         self.max_token_bytes = self.weights.max_token_bytes if self.weights is not None else 0
         self.rules = backend.rules
-        self._engine = Engine(backend, self.weights)
+        self._chunked = ChunkedCounter(backend, self.weights)
 
     def __repr__(self) -> str:
         return f"BPETokenCounter({self.name!r}, max_token_bytes={self.max_token_bytes})"
@@ -145,7 +145,7 @@ class BPETokenCounter(TokenCounter):
                 if bound <= limit and limit < 3 * plain:
                     # Runs can raise the bound a lot, at a Python step per run: worth trying when
                     # the plain bound is already near the limit. Only for this decision: the
-                    # engine keeps the plain weight, which it can subtract chunk by chunk.
+                    # chunked count keeps the plain weight, which it can subtract chunk by chunk.
                     bound = max(bound, weights.tokens(weight + weights.run_refinement(data)))
             rules = self.rules
             if bound <= limit and b and rules is not None and rules.split_bigrams:
@@ -160,7 +160,7 @@ class BPETokenCounter(TokenCounter):
                 bound = max(bound, splits + 1)
             if bound > limit:
                 return TokenStats(bound, False, False, "lower_bound", limit, n, b, 0)
-        r = self._engine.count(data, limit, exact, weight, cls, splits)
+        r = self._chunked.count(data, limit, exact, weight, cls, splits)
         return TokenStats(r.tokens, r.exact, r.within, "tokenized", limit, n, b, r.tokenized_bytes)
 
     def lower_bound_of_sum(self, texts: Sequence[str], enough: int | None = None) -> int:
