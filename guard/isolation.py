@@ -1,8 +1,12 @@
 """Run code that may exhaust memory or time in a child process with hard limits.
 
-Tests, the demo and the fuzz oracles use this one helper. The child gets ``RLIMIT_AS`` (address
-space) before anything attacker-sized is unpickled, the parent enforces the wall clock and kills
-the child's whole process group, and the peak RSS is reported whether the child survives or not.
+:func:`run_limited` runs one call in a child: the tests and the bench scripts use it. The child
+gets ``RLIMIT_AS`` (address space) before anything attacker-sized is unpickled, the parent
+enforces the wall clock and kills the child's whole process group, and the peak RSS is reported
+whether the child survives or not. :func:`spawn_limited_server` starts a long-running server
+under ``RLIMIT_AS`` and :class:`PeakRssSampler` follows its peak RSS: the demo, the load tests
+and ``bench/gateway.py`` use those. The fuzz oracles do not use this module: they run inputs in
+batches in their own limited workers, forked from a warm zygote (``fuzz/_worker.py``).
 
 Children come from the ``forkserver`` context: a fork per call (~8 ms) without inheriting the
 caller's threads, locks or address space (a forked pytest process could already be over the cap).

@@ -25,7 +25,7 @@ from guard.policy import (
     policy_from_yaml,
     policy_to_yaml,
 )
-from guard.policy._docs import BEGIN, END, field_paths, iter_fields, policy_reference
+from guard.policy._docs import BEGIN, END, iter_fields, policy_reference
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "POLICY.md"
 
@@ -357,7 +357,7 @@ def test_every_field_has_a_description() -> None:
 
 def test_every_field_is_documented_in_policy_md() -> None:
     text = DOCS.read_text()
-    missing = [path for path in field_paths() if f"`{path}`" not in text]
+    missing = [f.path for f in iter_fields() if f"`{f.path}`" not in text]
     assert not missing, f"undocumented in docs/POLICY.md: {missing}"
 
 

@@ -328,8 +328,3 @@ def render_chat_template(
             reset_state(token)
     except Exception as exc:
         raise map_template_exception(exc) from None
-
-
-def _cache_clear() -> None:
-    """For tests: forget compiled templates."""
-    _CACHE.clear()

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
-from guard.policy._models import KeyEntry, Policy, is_section, section_fields
+from guard.policy._models import Policy, is_section, section_fields
 
 BEGIN = "<!-- BEGIN GENERATED REFERENCE (python -m guard.policy --markdown) -->"
 END = "<!-- END GENERATED REFERENCE -->"
@@ -94,10 +94,6 @@ def iter_fields(model: type = Policy, prefix: str = "") -> Iterator[FieldDoc]:
         )
 
 
-def field_paths() -> list[str]:
-    return [f.path for f in iter_fields()]
-
-
 def policy_reference() -> str:
     """The generated reference: a table per section, the top-level fields first."""
     lines = [BEGIN, ""]
@@ -127,4 +123,4 @@ def _section(model: type, prefix: str, description: str, title: str, lines: list
         _section(sub, sub_prefix, field.description or "", heading, lines)
 
 
-__all__ = ["BEGIN", "END", "FieldDoc", "KeyEntry", "field_paths", "iter_fields", "policy_reference"]
+__all__ = ["BEGIN", "END", "FieldDoc", "iter_fields", "policy_reference"]

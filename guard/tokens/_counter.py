@@ -226,11 +226,6 @@ class IncrementalTokenCount:
         self._finished: int | None = None
 
     @property
-    def committed_tokens(self) -> int:
-        """Exact tokens of the text already tokenized (the rest is pending)."""
-        return self._committed
-
-    @property
     def pending_size(self) -> int:
         """Uncommitted text held: processed bytes plus unprocessed characters."""
         return len(self._data) + self._raw_chars + len(self._hold)
