@@ -9,7 +9,8 @@ Routes:
   ``route_not_allowed``;
 - ``POST /guard/v1/check?path=/v1/chat/completions``: the dry-run verdict for a body, always
   200 when the body could be judged (``allowed``, ``status``, ``code``, ``message``, ``param``,
-  ``costs``, ``mutations``, ``durations_ms``, ``checks``); the same framing and API-key rules;
+  ``costs``, ``mutations``, ``durations_ms``, ``checks``), from the proxied path's own front
+  half (:meth:`~guard.gateway.Gateway.admit`): the same framing, route, API-key and checks;
 - ``GET /healthz`` (the process is up), ``GET /readyz`` (the upstream answers its health check;
   503 ``upstream_unavailable`` otherwise), ``GET /metrics`` (Prometheus, this app's registry),
   ``GET /openapi.json``.
@@ -35,17 +36,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard.admission import ConcurrencyLimiter, RateLimiter, make_rate_limiter
-from guard.errors import ClientDisconnected, GuardError, InternalError, NotFound
+from guard.errors import ClientDisconnected, GuardError, InternalError
 from guard.gateway import Gateway, check_outcomes
 from guard.http import (
     Upstream,
     head_refusals,
-    inspect_head,
-    read_body,
 )
-from guard.pipeline import evaluate_body
 from guard.policy import Policy
-from guard.request_view import normalise_headers, resolve_key
 from guard.telemetry import CONTENT_TYPE, AccessLog, GuardMetrics, make_tracing
 from guard.tokens import TokenCounter, get_counter
 
@@ -184,41 +181,23 @@ def _delta_counter(counter: TokenCounter) -> Callable[[str], int]:
 
 
 async def _dry_run(gateway: Gateway, request: Request, path: str) -> Response:
-    """The verdict the proxied route would give ``request``'s body, without forwarding it."""
-    policy = gateway.policy
-    request_id = os.urandom(16).hex()
-    headers: dict[str, str] = {"x-request-id": request_id}
-    raw_headers = request.scope["headers"]
-    pairs = normalise_headers(raw_headers)
-    resolve_key(pairs, policy)  # 401 is an error, not a verdict: the caller must be allowed in
-    start = time.perf_counter()
+    """The verdict the proxied route ``path`` would give ``request``'s body, without forwarding
+    it: the gateway's own front half (:meth:`Gateway.admit`), so it cannot differ. A caller the
+    route would refuse (404, 401) gets that error; a refused request is a verdict (200)."""
+    ex = gateway.exchange(path)
     try:
-        head = inspect_head(raw_headers, gateway.framing)
-        if head.request_id:
-            headers["x-request-id"] = head.request_id
-        raw = await read_body(request.receive, head, gateway.framing)
+        admission = await gateway.admit(ex, request.scope["headers"], request.receive)
     except ClientDisconnected:
         raise
     except GuardError as err:
-        headers.update(err.headers)
-        result: dict[str, Any] = {
-            "allowed": False,
-            "status": err.status,
-            "code": err.code,
-            "message": err.message,
-            "param": err.param,
-            "costs": {},
-            "mutations": [],
-            "durations_ms": {"framing": round((time.perf_counter() - start) * 1000, 4)},
-            "checks": [{"name": "framing", "outcome": err.code}],
-        }
-        return JSONResponse(result, headers=headers)
-    if path not in policy.allowed_routes:
-        route_err = NotFound("route_not_allowed", f"{path[:200]} is not proxied by this guard")
-        return JSONResponse(route_err.to_body(), status_code=404, headers=headers)
-    verdict = evaluate_body(raw, path, pairs, policy)
+        headers = {"x-request-id": ex.request_id or os.urandom(16).hex(), **err.headers}
+        return JSONResponse(err.to_body(), status_code=err.status, headers=headers)
+    verdict = admission.verdict
     result = verdict.to_dict()
     result["checks"] = [{"name": n, "outcome": o} for n, o in check_outcomes(verdict)]
+    headers = {"x-request-id": ex.request_id or os.urandom(16).hex()}
+    if verdict.rejection is not None and not admission.checked:
+        headers.update(verdict.rejection.headers)  # framing's (connection: close)
     return JSONResponse(result, headers=headers)
 
 

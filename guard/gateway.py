@@ -1,9 +1,11 @@
 """The proxied request path, as a pure ASGI handler (no Starlette request, no buffering).
 
-framing (headers, then the body read under caps) -> API key -> checks (the pipeline's verdict)
--> rate limit reservation -> concurrency slot -> upstream -> response relayed (SSE chunk by
-chunk with output accounting) -> reconciliation; metrics, the access line and the span are
-written once per request in ``finally``.
+The front half, :meth:`Gateway.admit`: framing of the head (header caps) -> route and method ->
+API key -> the body read under caps -> checks (the pipeline's verdict). The dry run
+(``POST /guard/v1/check``) runs the same method, so its verdict is the proxied path's by
+construction. Then: rate limit reservation -> concurrency slot -> upstream -> response relayed
+(SSE chunk by chunk with output accounting) -> reconciliation; metrics, the access line and the
+span are written once per request in ``finally``.
 
 Once the body has been read, a disconnect cancels the request's task, which aborts the upstream
 request wherever it is (connecting, waiting, streaming). The guard's own server says so through
@@ -25,6 +27,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
@@ -35,10 +38,11 @@ from guard.admission import (
     RateLimiter,
     Reservation,
 )
-from guard.errors import ClientDisconnected, ClientTooSlow, GuardError, InternalError, NotFound
+from guard.errors import ClientDisconnected, ClientTooSlow, GuardError, InternalError
 from guard.http import (
     DISCONNECT_EXTENSION,
     DisconnectHook,
+    RequestHead,
     SseRelay,
     Upstream,
     UpstreamError,
@@ -48,12 +52,21 @@ from guard.http import (
     read_body,
     response_headers,
 )
-from guard.pipeline import Verdict, evaluate_body
-from guard.policy import ANONYMOUS_TENANT, Policy
-from guard.request_view import KEPT_HEADERS, normalise_headers, resolve_key
+from guard.pipeline import Verdict, check_body
+from guard.policy import ANONYMOUS_TENANT, KeyEntry, Policy
+from guard.request_view import (
+    KEPT_HEADERS,
+    method_of,
+    normalise_headers,
+    resolve_key,
+    route_not_allowed,
+    route_of,
+)
 from guard.telemetry import AccessLog, GuardMetrics, RequestFields, RequestSpan, Tracing
 
 __all__ = [
+    "Admission",
+    "Exchange",
     "Gateway",
     "check_outcomes",
     "extract_usage",
@@ -71,12 +84,11 @@ _USAGE_MAX = 4096  # a usage object (with its token details) is a few hundred by
 _ERROR_BODY_MAX = 64 << 10  # an upstream error body bigger than this is not looked into
 _DECODER = json.JSONDecoder()
 _JSON = (b"content-type", b"application/json")
-_GET_ONLY = frozenset({"/v1/models"})
 _VIEWED = frozenset(name.encode("latin-1") for name in (*KEPT_HEADERS, "authorization"))
 
 
 @dataclass(slots=True)
-class _Exchange:
+class Exchange:
     """What is known about one request, filled in as it goes; read by the recorders."""
 
     method: str
@@ -101,6 +113,28 @@ class _Exchange:
     body_pending: bool = False  # a body was announced and not read yet
     checks: tuple[tuple[str, str], ...] = ()
     upstream_code: str | None = None  # the code of an error the upstream answered with
+    read_s: float = 0.0  # reading the body: the client's time, not the guard's overhead
+
+
+@dataclass(slots=True)
+class Admission:
+    """What the front half decided about one request (:meth:`Gateway.admit`).
+
+    ``verdict``: allowed, or refused for its framing (step ``framing``) or by a check;
+    ``checked``: whether the checks ran (their timings are metrics); ``key`` and ``tenant``: the
+    caller's entry (None: anonymous) and tenant; ``head`` and ``body``: the request as read,
+    when it was.
+    """
+
+    verdict: Verdict
+    checked: bool = False
+    key: KeyEntry | None = None
+    tenant: str = ANONYMOUS_TENANT
+    head: RequestHead | None = None
+    body: bytes = b""
+
+
+_NOTHING_TO_CHECK = Verdict(True)  # a GET without a body
 
 
 def extract_usage(data: bytes) -> dict[str, Any] | None:
@@ -146,6 +180,28 @@ def check_outcomes(verdict: Verdict) -> tuple[tuple[str, str], ...]:
     if verdict.rejection is not None and outcomes:
         outcomes[-1] = (names[-1], verdict.rejection.code)
     return tuple(outcomes)
+
+
+def _framing_refused(ex: Exchange, err: GuardError) -> Admission:
+    """A refusal of the request's framing, as a verdict whose one step is ``framing``."""
+    durations = MappingProxyType({"framing": time.perf_counter() - ex.start})
+    return Admission(Verdict(False, err, durations=durations))
+
+
+def _costs(ex: Exchange, verdict: Verdict) -> tuple[int, dict[str, Any]]:
+    """The tokens to reserve for an allowed body and the relay's arguments, from what the
+    checks measured; fills in the exchange's prompt tokens and whether it streams."""
+    costs = verdict.costs
+    ex.prompt_tokens = costs.get("prompt_tokens", 0)
+    obj = verdict.view.obj if verdict.view is not None else None
+    ex.stream = obj is not None and obj.get("stream") is True
+    relay_args = {
+        "max_tokens": costs.get("output_tokens") or None,
+        "n": costs.get("sequences", 1),
+        "include_usage": _include_usage(obj),
+        "prompt_tokens": ex.prompt_tokens,
+    }
+    return costs.get("tokens_reserved", ex.prompt_tokens), relay_args
 
 
 def forward_body(verdict: Verdict, raw: bytes) -> bytes:
@@ -247,29 +303,74 @@ class Gateway:
         self.framing = policy.limits.body
         self.routes = policy.allowed_routes
 
-    # ------------------------------------------------------------------------------ routing
+    # ------------------------------------------------------------------------ the front half
 
-    def route_of(self, path: str) -> str | None:
-        """The route label of a proxied path, or None if it is not proxied."""
-        if path in self.routes:
-            return path
-        if path.startswith("/v1/models/") and len(path) > 11:
-            return "/v1/models/{model}"
-        return None
+    def exchange(self, path: str, method: str | None = None) -> Exchange:
+        """The record of a new request to ``path`` (``method`` None: the one its route
+        accepts, for the dry run's question "what would this route say to this body")."""
+        route = route_of(path, self.routes)
+        return Exchange(
+            method=method if method is not None else method_of(route or ""),
+            route=route or "other",
+            path=path if route is not None else "",
+            start=time.perf_counter(),
+        )
+
+    async def admit(
+        self, ex: Exchange, headers: list[tuple[bytes, bytes]], receive: Receive
+    ) -> Admission:
+        """The front half of every request, proxied or dry run: framing of the head, route and
+        method, API key, the body read under the framing caps, then the checks.
+
+        Refusals of the caller (404 route, 405 method, 401 key) raise; refusals of the request
+        (its framing, a check) are the verdict's, so that the dry run reports them as verdicts
+        while the proxied path answers them as errors. A disconnect raises
+        :class:`~guard.errors.ClientDisconnected`.
+        """
+        try:
+            head = inspect_head(headers, self.framing)
+        except GuardError as err:
+            return _framing_refused(ex, err)
+        ex.request_id = head.request_id or os.urandom(16).hex()
+        ex.body_pending = head.has_body
+        if ex.route == "other":
+            raise route_not_allowed(self.routes)
+        expected = method_of(ex.route)
+        if ex.method != expected:
+            raise GuardError(
+                "method_not_allowed",
+                f"{ex.route} accepts {expected} only",
+                status=405,
+                headers={"allow": expected},
+            )
+        # Only the headers the key and the checks read (RequestView keeps KEPT_HEADERS).
+        pairs = normalise_headers([(k, v) for k, v in headers if k.lower() in _VIEWED])
+        key = resolve_key(pairs, self.policy)
+        ex.tenant = tenant = key.tenant if key is not None else ANONYMOUS_TENANT
+        t_read = time.perf_counter()
+        ex.body_pending = False  # read_body decides about the connection if it refuses
+        try:
+            body = await read_body(receive, head, self.framing)
+        except ClientDisconnected:
+            raise
+        except GuardError as err:
+            return _framing_refused(ex, err)
+        ex.read_s = time.perf_counter() - t_read
+        ex.bytes_in = len(body)
+        if expected == "POST":
+            verdict = check_body(body, ex.path, pairs, key, self.policy)
+            return Admission(verdict, checked=True, key=key, tenant=tenant, head=head, body=body)
+        if body:
+            unexpected = GuardError("unexpected_body", f"GET {ex.route} takes no body")
+            return _framing_refused(ex, unexpected)
+        return Admission(_NOTHING_TO_CHECK, key=key, tenant=tenant, head=head, body=body)
 
     # ------------------------------------------------------------------------------ handling
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not _heap_frozen:
             _freeze_startup_heap()
-        path: str = scope["path"]
-        route = self.route_of(path)
-        ex = _Exchange(
-            method=scope["method"],
-            route=route or "other",
-            path=path if route is not None else "",
-            start=time.perf_counter(),
-        )
+        ex = self.exchange(scope["path"], scope["method"])
         span = (
             self.tracing.start(ex.method, ex.route, scope["headers"])
             if self.tracing is not None
@@ -330,85 +431,50 @@ class Gateway:
 
     async def _handle(
         self,
-        ex: _Exchange,
+        ex: Exchange,
         scope: Scope,
         receive: Receive,
         send: Send,
         arm: Callable[[], None],
         span: RequestSpan | None,
     ) -> None:
-        t0 = ex.start
-        head = inspect_head(scope["headers"], self.framing)
-        ex.request_id = head.request_id or os.urandom(16).hex()
-        ex.body_pending = head.has_body
-        if ex.route == "other":
-            raise NotFound(
-                "route_not_allowed",
-                "this path is not proxied by the guard; allowed: " + ", ".join(sorted(self.routes)),
-            )
-        method = ex.method
-        expected = "GET" if ex.route in _GET_ONLY or ex.route == "/v1/models/{model}" else "POST"
-        if method != expected:
-            raise GuardError(
-                "method_not_allowed",
-                f"{ex.route} accepts {expected} only",
-                status=405,
-                headers={"allow": expected},
-            )
-        # Only the headers the key and the checks read (RequestView keeps KEPT_HEADERS).
-        pairs = normalise_headers([(k, v) for k, v in scope["headers"] if k.lower() in _VIEWED])
-        entry = resolve_key(pairs, self.policy)
-        ex.tenant = entry.tenant if entry is not None else ANONYMOUS_TENANT
-        t_read = time.perf_counter()
-        overhead = t_read - t0
-        ex.body_pending = False  # read_body decides about the connection if it refuses
-        body = await read_body(receive, head, self.framing)
-        t_checked = time.perf_counter()
-        ex.bytes_in = len(body)
-        reserve_tokens = 0
-        relay_args: dict[str, Any] = {}
-        if method == "POST":
-            verdict = evaluate_body(body, ex.path, pairs, self.policy, key=entry)
+        admission = await self.admit(ex, scope["headers"], receive)
+        verdict = admission.verdict
+        if admission.checked:
             if span is not None:
                 ex.checks = check_outcomes(verdict)
             self.metrics.checks_ran(verdict.durations)
-            if verdict.rejection is not None:
-                raise verdict.rejection
+        if verdict.rejection is not None:
+            raise verdict.rejection
+        body = admission.body
+        reserve_tokens = 0
+        relay_args: dict[str, Any] = {}
+        if admission.checked:
             body = forward_body(verdict, body)
-            costs = verdict.costs
-            ex.prompt_tokens = costs.get("prompt_tokens", 0)
-            reserve_tokens = costs.get("tokens_reserved", ex.prompt_tokens)
-            obj = verdict.view.obj if verdict.view is not None else None
-            ex.stream = obj is not None and obj.get("stream") is True
-            relay_args = {
-                "max_tokens": costs.get("output_tokens") or None,
-                "n": costs.get("sequences", 1),
-                "include_usage": _include_usage(obj),
-                "prompt_tokens": ex.prompt_tokens,
-            }
-        elif body:
-            raise GuardError("unexpected_body", f"GET {ex.route} takes no body")
-        overhead += time.perf_counter() - t_checked
+            reserve_tokens, relay_args = _costs(ex, verdict)
         t_limit = time.perf_counter()
-        rate = self.policy.rate_for(entry)
+        overhead = t_limit - ex.start - ex.read_s
+        tenant = admission.tenant
+        rate = self.policy.rate_for(admission.key)
         if self._reserve_now is not None:  # in memory: no coroutine needed
-            reservation = self._reserve_now(ex.tenant, limits=rate, tokens=reserve_tokens)
+            reservation = self._reserve_now(tenant, limits=rate, tokens=reserve_tokens)
         else:
             reservation = await self.limiter.reserve(
-                ex.tenant, limits=rate, requests=1, tokens=reserve_tokens
+                tenant, limits=rate, requests=1, tokens=reserve_tokens
             )
-        overhead += time.perf_counter() - t_limit
-        ex.overhead_s = overhead
+        ex.overhead_s = overhead = overhead + time.perf_counter() - t_limit
         self.metrics.overhead.observe(overhead)
         settled = False
         try:
             arm()  # from here a disconnect cancels the request, queued or forwarded
             t_queue = time.perf_counter()
-            async with self.concurrency.slot(ex.tenant, rate.slot_limits):
+            async with self.concurrency.slot(tenant, rate.slot_limits):
                 ex.queue_s = time.perf_counter() - t_queue
                 self.metrics.queue_wait.observe(ex.queue_s)
+                assert admission.head is not None  # read, since the request was admitted
+                authorization = admission.head.authorization
                 settled = await self._forward(
-                    ex, scope, body, head.authorization, send, span, reservation, relay_args
+                    ex, scope, body, authorization, send, span, reservation, relay_args
                 )
         finally:
             if not settled:
@@ -417,7 +483,7 @@ class Gateway:
 
     async def _forward(
         self,
-        ex: _Exchange,
+        ex: Exchange,
         scope: Scope,
         body: bytes,
         authorization: str | None,
@@ -473,7 +539,7 @@ class Gateway:
         return True
 
     async def _relay_body(
-        self, ex: _Exchange, resp: UpstreamResponse, send: Send
+        self, ex: Exchange, resp: UpstreamResponse, send: Send
     ) -> dict[str, Any] | None:
         headers = response_headers(resp)
         headers.append((b"x-request-id", ex.request_id.encode()))
@@ -512,7 +578,7 @@ class Gateway:
         return extract_usage(tail) if resp.status < 400 else None
 
     async def _relay_stream(
-        self, ex: _Exchange, resp: UpstreamResponse, send: Send, relay_args: dict[str, Any]
+        self, ex: Exchange, resp: UpstreamResponse, send: Send, relay_args: dict[str, Any]
     ) -> tuple[dict[str, Any] | None, int | None]:
         relay = SseRelay(self.count_tokens, **{"max_tokens": None, **relay_args})
         headers = response_headers(resp)
@@ -559,7 +625,7 @@ class Gateway:
         except TimeoutError:
             raise ClientTooSlow() from None
 
-    async def _fail(self, ex: _Exchange, send: Send, err: GuardError) -> None:
+    async def _fail(self, ex: Exchange, send: Send, err: GuardError) -> None:
         ex.status, ex.code = err.status, err.code
         if isinstance(err, ClientTooSlow):
             self.metrics.aborted("client_too_slow")
@@ -574,7 +640,7 @@ class Gateway:
         await send_error(send, err, ex.request_id)
         ex.response_started = True
 
-    def _record(self, ex: _Exchange, span: RequestSpan | None) -> None:
+    def _record(self, ex: Exchange, span: RequestSpan | None) -> None:
         duration = time.perf_counter() - ex.start
         self.metrics.request_done(ex.route, ex.status, duration)
         if ex.tenant is not None and ex.status < 400:

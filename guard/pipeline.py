@@ -1,10 +1,12 @@
 """The check pipeline: bytes in, a :class:`Verdict` out, never an exception.
 
-``evaluate_body(raw, path, headers, policy)`` is what the HTTP app and the dry-run endpoint
-(``POST /guard/v1/check``) both call: route allowlist, API key, bounded JSON parse
-(:func:`guard.json._reader.parse_json_body`), a :class:`~guard.request_view.RequestView`, then
-``run_checks``: the policy's checks in the policy's order (data: ``policy.checks``), stopping at
-the first rejection. The verdict carries what passing checks measured (costs, such as the prompt
+``check_body(raw, path, headers, key, policy)`` is what the gateway's front half calls, for the
+proxied path and the dry run (``POST /guard/v1/check``) alike, once framing, route and API key
+are settled: bounded JSON parse (:func:`guard.json.parse_json_body`), a
+:class:`~guard.request_view.RequestView`, then ``run_checks``: the policy's checks in the
+policy's order (data: ``policy.checks``), stopping at the first rejection.
+``evaluate_body(raw, path, headers, policy)`` adds the route and the key, for callers without
+the gateway (fuzz targets, tests, benchmarks). The verdict carries what passing checks measured (costs, such as the prompt
 tokens a rate limiter charges), the body mutations to apply before forwarding (an injected
 ``max_tokens``) and how long each step took.
 
@@ -23,14 +25,22 @@ from types import MappingProxyType
 from typing import Any
 
 from guard.checks import CHECKS, CheckFn, Mutation, apply_mutations
-from guard.errors import GuardError, NotFound
+from guard.errors import GuardError
 from guard.json import parse_json_body
 from guard.policy._models import KeyEntry, Policy
-from guard.request_view import HeadersLike, RequestView, normalise_headers, resolve_key
+from guard.request_view import (
+    HeadersLike,
+    RequestView,
+    normalise_headers,
+    resolve_key,
+    route_not_allowed,
+    route_of,
+)
 
 __all__ = [
     "CHECK_FAILED",
     "Verdict",
+    "check_body",
     "checks_for",
     "evaluate_body",
     "run_checks",
@@ -38,7 +48,6 @@ __all__ = [
 
 # A check raised something other than a GuardError: a bug, refused (fail closed) all the same.
 CHECK_FAILED = "request_check_failed"
-ROUTE_NOT_ALLOWED = "route_not_allowed"
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _BODYLESS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
@@ -155,61 +164,31 @@ def _verdict(
     )
 
 
-class _Unresolved:
-    """The key has not been resolved yet (``None`` is a resolved anonymous caller)."""
-
-
-_UNRESOLVED = _Unresolved()
-
-
-def evaluate_body(
+def check_body(
     raw: bytes,
     path: str,
-    headers: HeadersLike,
+    headers: list[tuple[str, str]],
+    key: KeyEntry | None,
     policy: Policy,
     *,
     method: str = "POST",
-    key: KeyEntry | _Unresolved | None = _UNRESOLVED,
 ) -> Verdict:
-    """Route, key, bounded parse and checks for one request body; never raises.
-
-    A caller that has resolved the key already (:func:`~guard.request_view.resolve_key`, as
-    the gateway does before reading the body) passes it as ``key`` (``None``: anonymous) with
-    ``headers`` as :func:`~guard.request_view.normalise_headers` returned them, so that
-    neither is done twice.
-    """
-    return _evaluate(raw, path, headers, policy, method, key)
-
-
-def _evaluate(
-    raw: bytes,
-    path: str,
-    headers: HeadersLike,
-    policy: Policy,
-    method: str,
-    key: KeyEntry | _Unresolved | None,
-) -> Verdict:
+    """Bounded parse and the policy's checks for a body whose route and caller are settled
+    (``headers`` as :func:`~guard.request_view.normalise_headers` returns them, ``key`` as
+    :func:`~guard.request_view.resolve_key` does); never raises. The gateway's front half
+    (:meth:`guard.gateway.Gateway.admit`) calls it after framing, route and key."""
     durations: dict[str, float] = {}
     costs: dict[str, int] = {"body_bytes": len(raw)}
     clock = time.perf_counter
     start = clock()
     view: RequestView | None = None
     try:
-        clean_path = path.split("?", 1)[0]
-        if clean_path not in policy.allowed_routes:
-            raise NotFound(ROUTE_NOT_ALLOWED, f"{clean_path[:200]} is not served by this guard")
-        if isinstance(key, _Unresolved):
-            pairs = normalise_headers(headers)
-            key = resolve_key(pairs, policy)
-        else:
-            pairs = headers  # type: ignore[assignment]  # normalised by the caller
-        method = method.upper()
         if method in _BODYLESS and not raw.strip():
             body: Any = None
         else:
             body = parse_json_body(raw, policy.limits.json_, policy.limits.body.largest_body)
         view = RequestView.build(
-            body, path=clean_path, method=method, headers=pairs, key=key, raw_size=len(raw)
+            body, path=path, method=method, headers=headers, key=key, raw_size=len(raw)
         )
     except GuardError as exc:
         durations["parse"] = clock() - start
@@ -219,3 +198,22 @@ def _evaluate(
         return _verdict(False, _internal(exc), costs, [], durations, view)
     durations["parse"] = clock() - start
     return run_checks(view, policy, durations=durations, costs=costs)
+
+
+def evaluate_body(
+    raw: bytes, path: str, headers: HeadersLike, policy: Policy, *, method: str = "POST"
+) -> Verdict:
+    """Route, API key, bounded parse and checks for one request body, for callers without the
+    gateway (fuzz targets, tests, benchmarks); never raises. The route is judged as the gateway
+    judges it (:func:`~guard.request_view.route_of`); the method is not checked."""
+    start = time.perf_counter()
+    clean_path = path.split("?", 1)[0]
+    try:
+        if route_of(clean_path, policy.allowed_routes) is None:
+            raise route_not_allowed(policy.allowed_routes)
+        pairs = normalise_headers(headers)
+        key = resolve_key(pairs, policy)
+    except GuardError as exc:
+        durations = {"parse": time.perf_counter() - start}
+        return _verdict(False, exc, {"body_bytes": len(raw)}, [], durations, None)
+    return check_body(raw, clean_path, pairs, key, policy, method=method.upper())

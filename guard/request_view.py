@@ -1,29 +1,34 @@
-"""What the checks see of one request: the parsed body and a few facts about it, built once.
+"""What the checks see of one request: its route, its caller's key, and a :class:`RequestView`
+of the parsed body with a few facts about it, built once.
 
 A :class:`RequestView` is immutable at its own level; its ``body`` is the parsed JSON, shared and
-never modified (checks return mutations as data instead). Building one resolves the caller's API
-key to a tenant (:func:`resolve_key`), so an unknown key is refused before the body is parsed.
+never modified (checks return mutations as data instead). The caller's API key is resolved to a
+tenant (:func:`resolve_key`) before the body is parsed, so an unknown key costs no parsing.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from guard.errors import GuardError
+from guard.errors import GuardError, NotFound
 from guard.policy._models import ANONYMOUS_TENANT, KeyEntry, Policy, key_digest
 
 __all__ = [
     "KEPT_HEADERS",
+    "MODEL_ROUTE",
     "Endpoint",
     "HeadersLike",
     "RequestView",
     "endpoint_of",
+    "method_of",
     "normalise_headers",
     "resolve_key",
+    "route_not_allowed",
+    "route_of",
 ]
 
 Endpoint = Literal["chat", "completions", "embeddings", "responses", "tokenize", "models", "other"]
@@ -46,6 +51,33 @@ KEPT_HEADERS = frozenset(
 _MAX_KEPT_VALUE = 256
 
 HeadersLike = Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]]
+
+
+# The route label of /v1/models/<id> (the one proxied path that is a pattern).
+MODEL_ROUTE = "/v1/models/{model}"
+_GET_ROUTES = frozenset({"/v1/models", MODEL_ROUTE})
+
+
+def route_of(path: str, routes: Container[str]) -> str | None:
+    """The route a path is proxied as (``routes``: the policy's ``allowed_routes``): the path
+    itself, or :data:`MODEL_ROUTE`; None when the guard does not proxy it."""
+    if path in routes:
+        return path
+    if path.startswith("/v1/models/") and len(path) > 11:
+        return MODEL_ROUTE
+    return None
+
+
+def method_of(route: str) -> str:
+    """The one method a route accepts."""
+    return "GET" if route in _GET_ROUTES else "POST"
+
+
+def route_not_allowed(routes: Iterable[str]) -> NotFound:
+    return NotFound(
+        "route_not_allowed",
+        "this path is not proxied by the guard; allowed: " + ", ".join(sorted(routes)),
+    )
 
 
 def endpoint_of(path: str) -> Endpoint:

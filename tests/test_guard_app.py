@@ -214,6 +214,37 @@ async def test_dry_run_verdicts() -> None:
         assert g.fake.received == []
 
 
+async def test_dry_run_gives_the_proxied_paths_verdict() -> None:
+    # One front half (Gateway.admit) serves both: each request gets the same status and code.
+    chat = json.dumps(CHAT).encode()
+    cases: list[tuple[str, bytes, dict[str, str]]] = [
+        ("/v1/chat/completions", chat, {}),
+        ("/v1/chat/completions", json.dumps({**CHAT, "n": 1000}).encode(), {}),
+        ("/v1/chat/completions", b'{"model": "m", "messages": [', {}),
+        ("/v1/chat/completions", b'{"x": "' + b"a" * 3000 + b'"}', {}),
+        ("/v1/chat/completions", gzip.compress(chat), {"content-encoding": "gzip"}),
+        ("/v1/chat/completions", chat, {f"x-h{i}": "1" for i in range(30)}),
+        ("/v1/completions", b'{"model": "m", "prompt": "{{{{{{{{{{x}}}}}}}}}}"}', {}),
+        ("/v1/models", b"", {}),
+        ("/v1/models", b"{}", {}),
+    ]
+    async with guard("limits: {body: {max_body_bytes: 2000, max_header_count: 20}}") as g:
+        for path, content, headers in cases:
+            method = "GET" if path == "/v1/models" else "POST"
+            hdrs = {"content-type": "application/json", **headers}
+            proxied = await g.client.request(method, path, content=content, headers=hdrs)
+            dry = await g.client.post(
+                "/guard/v1/check", params={"path": path}, content=content, headers=hdrs
+            )
+            assert dry.status_code == 200, (path, content[:40], dry.text)
+            verdict = dry.json()
+            if proxied.status_code == 200:
+                assert verdict["allowed"] is True, (path, content[:40], verdict)
+            else:
+                got = (verdict["status"], verdict["code"])
+                assert got == (proxied.status_code, error_code(proxied)), (path, content[:40])
+
+
 # ----------------------------------------------------------------------- health and metrics
 
 
@@ -698,7 +729,7 @@ async def test_a_bug_in_the_guard_is_a_logged_500_not_a_hang(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(gateway_module, "evaluate_body", broken)
+    monkeypatch.setattr(gateway_module, "check_body", broken)
     async with guard() as g:
         resp = await g.client.post("/v1/chat/completions", json=CHAT)
         assert resp.status_code == 500 and error_code(resp) == "internal_error"
