@@ -76,8 +76,6 @@ def create_app(
     up = replace(policy.upstream, url=upstream_url) if upstream_url else policy.upstream
     if up.url is None:
         raise ValueError("no upstream: set upstream.url in the policy or pass upstream_url")
-    upstream = Upstream(up, health_path=health_path)
-    metrics = GuardMetrics()
     if limiter is None:
         limiter = make_rate_limiter(policy.rate.redis_url, on_error=policy.rate.on_redis_failure)
     if concurrency is None:
@@ -88,9 +86,29 @@ def create_app(
             global_max_queued=rate.queue_size,
             queue_timeout_s=rate.queue_timeout_s,
         )
+    gateway = Gateway(
+        policy,
+        upstream=Upstream(up, health_path=health_path),
+        limiter=limiter,
+        concurrency=concurrency,
+        metrics=_metrics(limiter, concurrency),
+        access_log=access_log or AccessLog(policy.observability.access_log),
+        tracing=make_tracing(tracer_provider),
+        count_tokens=_delta_counter(get_counter(policy.limits.tokens.tokenizer)),
+        client_timeout_s=client_timeout_s or up.read_timeout_s,
+    )
+    app = _new_app(gateway)
+    _add_own_routes(app, gateway)
+    app.openapi = _openapi_with_proxied_routes(app, policy)  # type: ignore[method-assign]
+    app.add_middleware(_Dispatch, gateway=gateway)
+    return app
+
+
+def _metrics(limiter: RateLimiter, slots: ConcurrencyLimiter) -> GuardMetrics:
+    """The app's metrics, with the limiters' and the server protocol's counters exported."""
+    metrics = GuardMetrics()
     metrics.server_rejections = head_refusals
     metrics.export("rate", limiter.metrics.snapshot)
-    slots = concurrency
     metrics.export(
         "concurrency",
         lambda: {
@@ -99,18 +117,13 @@ def create_app(
             "waiting": slots.waiting,
         },
     )
-    counter = get_counter(policy.limits.tokens.tokenizer)
-    gateway = Gateway(
-        policy,
-        upstream=upstream,
-        limiter=limiter,
-        concurrency=concurrency,
-        metrics=metrics,
-        access_log=access_log or AccessLog(policy.observability.access_log),
-        tracing=make_tracing(tracer_provider),
-        count_tokens=_delta_counter(counter),
-        client_timeout_s=client_timeout_s or up.read_timeout_s,
-    )
+    return metrics
+
+
+def _new_app(gateway: Gateway) -> _GuardApp:
+    """The FastAPI app in front of ``gateway``; its shutdown flushes the access log and closes
+    the upstream pool and the rate limiter."""
+    upstream, limiter = gateway.upstream, gateway.limiter
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -136,8 +149,14 @@ def create_app(
     )
     app.gateway = gateway
     app.state.gateway = gateway
-    app.state.metrics = metrics
+    app.state.metrics = gateway.metrics
     _install_error_handlers(app)
+    return app
+
+
+def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
+    """``/healthz``, ``/readyz``, ``/metrics`` and the dry run."""
+    upstream, metrics = gateway.upstream, gateway.metrics
 
     @app.get("/healthz", summary="The guard process is up")
     async def healthz() -> JSONResponse:
@@ -157,14 +176,10 @@ def create_app(
     @app.post(
         CHECK_PATH,
         summary="Dry-run verdict for a request body",
-        openapi_extra=_check_schema(policy),
+        openapi_extra=_check_schema(gateway.policy),
     )
     async def check(request: Request, path: str = "/v1/chat/completions") -> Response:
         return await _dry_run(gateway, request, path)
-
-    app.openapi = _openapi_with_proxied_routes(app, policy)  # type: ignore[method-assign]
-    app.add_middleware(_Dispatch, gateway=gateway)
-    return app
 
 
 def _delta_counter(counter: TokenCounter) -> Callable[[str], int]:

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from typing import Any, Generic, Literal, TypeVar
 
 import psutil
@@ -220,49 +221,17 @@ def run_limited(
     start = time.perf_counter()
     proc.start()
     writer.close()
-    deadline = start + timeout_s
     sampler = PeakRssSampler(proc.pid, _SAMPLE_INTERVAL_S, include_children=False)
     sampler.start()
-
-    reply: tuple[Any, ...] | None = None
-    timed_out = False
     try:
-        while True:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                timed_out = True
-                break
-            ready = multiprocessing.connection.wait([reader, proc.sentinel], timeout=remaining)
-            if reader in ready:
-                reply = _receive(reader, proc.pid, deadline)
-                if reply is None and time.perf_counter() >= deadline:
-                    timed_out = True
-                break
-            if proc.sentinel in ready:
-                # Died without writing; a reply may still be buffered in the pipe.
-                if reader.poll(0):
-                    reply = _receive(reader, proc.pid, deadline)
-                break
+        reply, timed_out = _await_reply(reader, proc, start + timeout_s)
     finally:
         sampler.sample_now()
-        if proc.exitcode is None:
-            kill_tree(proc.pid)
-        else:
-            # The child is gone; anything it started in its group goes too.
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        proc.join(timeout=5.0)
-        if proc.exitcode is None:  # pragma: no cover - join after SIGKILL should not time out
-            kill_tree(proc.pid)
-            proc.join()
+        exitcode = _reap(proc)
         sampler.stop()
         reader.close()
-        exitcode = proc.exitcode
-        with contextlib.suppress(ValueError):
-            proc.close()
     wall_s = time.perf_counter() - start
     peak = sampler.peak_bytes
-
     if reply is not None:
         outcome, value, error_type, error_code, error_message, child_peak = reply
         return IsolatedResult(
@@ -279,6 +248,49 @@ def run_limited(
     return IsolatedResult(
         "error", None, "ExitCode", None, f"child exited {code} without a result", wall_s, peak
     )
+
+
+def _await_reply(
+    reader: multiprocessing.connection.Connection, proc: BaseProcess, deadline: float
+) -> tuple[tuple[Any, ...] | None, bool]:
+    """The child's reply (None if it sent none) and whether the wall clock ran out first."""
+    pid = _pid(proc)
+    while True:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return None, True
+        ready = multiprocessing.connection.wait([reader, proc.sentinel], timeout=remaining)
+        if reader in ready:
+            reply = _receive(reader, pid, deadline)
+            return reply, reply is None and time.perf_counter() >= deadline
+        if proc.sentinel in ready:
+            # Died without writing; a reply may still be buffered in the pipe.
+            return (_receive(reader, pid, deadline) if reader.poll(0) else None), False
+
+
+def _pid(proc: BaseProcess) -> int:
+    pid = proc.pid
+    assert pid is not None  # started
+    return pid
+
+
+def _reap(proc: BaseProcess) -> int | None:
+    """Kill what is left of the child (and anything it started in its group); its exit code."""
+    pid = _pid(proc)
+    if proc.exitcode is None:
+        kill_tree(pid)
+    else:
+        # The child is gone; anything it started in its group goes too.
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+    proc.join(timeout=5.0)
+    if proc.exitcode is None:  # pragma: no cover - join after SIGKILL should not time out
+        kill_tree(pid)
+        proc.join()
+    exitcode: int | None = proc.exitcode
+    with contextlib.suppress(ValueError):
+        proc.close()
+    return exitcode
 
 
 def _receive(

@@ -498,20 +498,9 @@ class _SchemaWalk:
         """Size and depth of the schema with every $ref inlined, by dynamic programming over the
         (small) graph of ref targets; a cycle is infinite expansion."""
         limits = self.limits
-        n = len(self.parent)
-        if n == 0:
+        if not self.parent:
             return
-        # subtree interval end, node count and deepest level, children before parents
-        end = list(range(1, n + 1))
-        total = list(self.count)
-        deepest = list(self.depth)
-        for i in range(n - 1, 0, -1):
-            p = self.parent[i]
-            if end[i] > end[p]:
-                end[p] = end[i]
-            total[p] += total[i]
-            if deepest[i] > deepest[p]:
-                deepest[p] = deepest[i]
+        end, total, deepest = self._subtrees()
         if not self.refs:
             return
         self.ctx.refs += len(self.refs)
@@ -522,9 +511,45 @@ class _SchemaWalk:
                 f"more than {limits.max_schema_refs} $ref in the request",
                 self.path_of(site, key),
             )
-        sites = [site for site, _, _ in self.refs]  # ascending: recorded in pre-order
         resolved: dict[str, int] = {}
         targets = [self._resolve(ref, site, key, resolved) for site, ref, key in self.refs]
+        size, span = self._expanded(targets, end, total, deepest)
+        if self.ctx.nodes_over(size - total[0]):
+            _limit(
+                "guided_schema_too_large",
+                f"JSON schemas exceed {limits.max_schema_nodes} nodes once $ref is expanded",
+                self.path,
+            )
+        if span > limits.max_schema_depth:
+            _limit(
+                "guided_schema_too_deep",
+                f"schema nested deeper than {limits.max_schema_depth} levels once $ref is expanded",
+                self.path,
+            )
+
+    def _subtrees(self) -> tuple[list[int], list[int], list[int]]:
+        """Per node: the end of its subtree's interval, its node count and its deepest level
+        (children come after their parents, so one backward pass sums them)."""
+        n = len(self.parent)
+        end = list(range(1, n + 1))
+        total = list(self.count)
+        deepest = list(self.depth)
+        for i in range(n - 1, 0, -1):
+            p = self.parent[i]
+            if end[i] > end[p]:
+                end[p] = end[i]
+            total[p] += total[i]
+            if deepest[i] > deepest[p]:
+                deepest[p] = deepest[i]
+        return end, total, deepest
+
+    def _expanded(
+        self, targets: list[int], end: list[int], total: list[int], deepest: list[int]
+    ) -> tuple[int, int]:
+        """The root's node count and depth with every $ref inlined (both capped just past the
+        limit), by an iterative DFS over ref targets; refuses a recursive $ref unless allowed."""
+        limits = self.limits
+        sites = [site for site, _, _ in self.refs]  # ascending: recorded in pre-order
         cap = limits.max_schema_nodes + 1
         size: dict[int, int] = {}
         span: dict[int, int] = {}
@@ -565,18 +590,7 @@ class _SchemaWalk:
                 s = min(s + child_size, cap)
                 d = max(d, self.depth[sites[k]] - self.depth[node] + child_depth)
             size[node], span[node] = s, min(d, cap)
-        if self.ctx.nodes_over(size[0] - total[0]):
-            _limit(
-                "guided_schema_too_large",
-                f"JSON schemas exceed {limits.max_schema_nodes} nodes once $ref is expanded",
-                self.path,
-            )
-        if span[0] > limits.max_schema_depth:
-            _limit(
-                "guided_schema_too_deep",
-                f"schema nested deeper than {limits.max_schema_depth} levels once $ref is expanded",
-                self.path,
-            )
+        return size[0], span[0]
 
 
 def _check_schema(ctx: _Ctx, value: Any, path: _Path) -> None:
@@ -704,17 +718,37 @@ def check_guided_decoding(body: Mapping[str, Any], limits: GuidedLimits) -> None
 
     Raises :class:`~guard.errors.LimitExceeded` (``*_too_long``, ``*_too_large``,
     ``*_too_deep``, ``*_unsafe``) or :class:`~guard.errors.GuardError` (``*_invalid``).
+    Constraints are checked in a fixed order (choices, grammars, regexes, schemas, tools,
+    structural tags), so a body crossing several limits always gets the same refusal.
     """
     ctx = _Ctx(limits)
     so = _get(body, "structured_outputs")
-
     for value, path in (
         (body.get("guided_choice"), ("guided_choice",)),
         (_get(so, "choice"), ("structured_outputs", "choice")),
     ):
         if value is not None:
             _check_choice(ctx, value, path)
+    _check_grammars(ctx, body, so)
+    for value, path in (
+        (body.get("guided_regex"), ("guided_regex",)),
+        (_get(so, "regex"), ("structured_outputs", "regex")),
+        (body.get("regex"), ("regex",)),
+        (body.get("guided_whitespace_pattern"), ("guided_whitespace_pattern",)),
+        (_get(so, "whitespace_pattern"), ("structured_outputs", "whitespace_pattern")),
+    ):
+        if value is not None:
+            _check_regex(ctx, value, path)
+    _check_schemas(ctx, body, so)
+    for field in ("tools", "functions"):
+        entries = body.get(field)
+        if isinstance(entries, list | tuple):
+            _check_tools(ctx, entries, field)
+    _check_structural_tag(ctx, body.get("structural_tag"), ("structural_tag",))
+    _check_structural_tag(ctx, _get(so, "structural_tag"), ("structured_outputs", "structural_tag"))
 
+
+def _check_grammars(ctx: _Ctx, body: Mapping[str, Any], so: Any) -> None:
     grammar = body.get("grammar")
     if isinstance(grammar, Mapping):  # TGI: {"type": "json" | "regex", "value": ...}
         kind = grammar.get("type")
@@ -732,16 +766,8 @@ def check_guided_decoding(body: Mapping[str, Any], limits: GuidedLimits) -> None
         if value is not None:
             _check_grammar(ctx, value, path, gbnf_only=False)
 
-    for value, path in (
-        (body.get("guided_regex"), ("guided_regex",)),
-        (_get(so, "regex"), ("structured_outputs", "regex")),
-        (body.get("regex"), ("regex",)),
-        (body.get("guided_whitespace_pattern"), ("guided_whitespace_pattern",)),
-        (_get(so, "whitespace_pattern"), ("structured_outputs", "whitespace_pattern")),
-    ):
-        if value is not None:
-            _check_regex(ctx, value, path)
 
+def _check_schemas(ctx: _Ctx, body: Mapping[str, Any], so: Any) -> None:
     response_format = body.get("response_format")
     if isinstance(response_format, Mapping):
         json_schema = response_format.get("json_schema")
@@ -764,25 +790,21 @@ def check_guided_decoding(body: Mapping[str, Any], limits: GuidedLimits) -> None
     if isinstance(text_format, Mapping):
         _check_schema(ctx, text_format.get("schema"), ("text", "format", "schema"))
 
-    for field in ("tools", "functions"):
-        entries = body.get(field)
-        if not isinstance(entries, list | tuple):
-            continue
-        for i, tool in enumerate(entries):
-            if not isinstance(tool, Mapping):
-                continue
-            function = tool.get("function")
-            if isinstance(function, Mapping):
-                _check_schema(ctx, function.get("parameters"), (field, i, "function", "parameters"))
-            _check_schema(ctx, tool.get("parameters"), (field, i, "parameters"))
-            fmt = tool.get("format")
-            if isinstance(fmt, Mapping) and fmt.get("type") == "grammar":
-                definition = fmt.get("definition")
-                at: _Path = (field, i, "format", "definition")
-                if fmt.get("syntax") == "regex":
-                    _check_regex(ctx, definition, at)
-                else:
-                    _check_grammar(ctx, definition, at, gbnf_only=False)
 
-    _check_structural_tag(ctx, body.get("structural_tag"), ("structural_tag",))
-    _check_structural_tag(ctx, _get(so, "structural_tag"), ("structured_outputs", "structural_tag"))
+def _check_tools(ctx: _Ctx, entries: list[Any] | tuple[Any, ...], field: str) -> None:
+    """Function parameters (schemas) and custom tools' formats (regex or grammar)."""
+    for i, tool in enumerate(entries):
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function")
+        if isinstance(function, Mapping):
+            _check_schema(ctx, function.get("parameters"), (field, i, "function", "parameters"))
+        _check_schema(ctx, tool.get("parameters"), (field, i, "parameters"))
+        fmt = tool.get("format")
+        if isinstance(fmt, Mapping) and fmt.get("type") == "grammar":
+            definition = fmt.get("definition")
+            at: _Path = (field, i, "format", "definition")
+            if fmt.get("syntax") == "regex":
+                _check_regex(ctx, definition, at)
+            else:
+                _check_grammar(ctx, definition, at, gbnf_only=False)
