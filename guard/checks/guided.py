@@ -1,5 +1,6 @@
-"""The guided-decoding check: delegates to :func:`guard.guided._check.check_guided_decoding` with the
-policy's ``limits.guided`` (regexes, JSON schemas, grammars, choice lists).
+"""The guided-decoding check: delegates to :func:`guard.guided.check_structured_outputs` with the
+policy's ``limits.guided`` (regexes, JSON schemas, grammars, choice lists, and their estimated
+cost on the structured-output backends that may compile them).
 
 Most requests carry no constraint at all. The top-level fields the delegate reads are learnt
 once, by running it on an empty body that records every lookup (:func:`_fields_read`); a body
@@ -7,7 +8,7 @@ holding none of them gets exactly the delegate's answer on an empty body, a pass
 call. If the delegate ever reads the body other than by key (iterating it, say), nothing is
 learnt and every body goes through it.
 
-Codes: ``guided_*`` (see :mod:`guard.guided._check`).
+Codes: ``guided_*`` (see :mod:`guard.guided._check` and :mod:`guard.guided._backends`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from guard.checks._result import CheckResult, pure_check
-from guard.guided import GuidedLimits, check_guided_decoding
+from guard.guided import GuidedLimits, check_structured_outputs
 from guard.policy._models import Policy
 from guard.request_view import RequestView
 
@@ -56,7 +57,7 @@ def _fields_read() -> frozenset[str] | None:
     """The top-level fields the delegate looks up in a body, or None if it reads it otherwise."""
     probe = _Probe()
     try:
-        check_guided_decoding(probe, GuidedLimits())
+        check_structured_outputs(probe, GuidedLimits())
     except Exception:  # pragma: no cover - an empty body passes; if not, learn nothing
         return None
     return None if probe.opaque else frozenset(probe.seen)
@@ -72,5 +73,5 @@ def check_guided(view: RequestView, policy: Policy) -> CheckResult | None:
         return None
     if _FIELDS is not None and _FIELDS.isdisjoint(body):
         return None
-    check_guided_decoding(body, policy.limits.guided)
+    check_structured_outputs(body, policy.limits.guided)
     return None

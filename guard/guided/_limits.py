@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
@@ -67,6 +69,12 @@ class GuidedLimits:
         default=1e15, description="Largest magnitude of `minimum`, `maximum`, `multipleOf`, ..."
     )
     max_schemas: PosInt = Field(default=128, description="Most JSON schemas per request.")
+    max_schema_bound_product: PosInt = Field(
+        default=1_000_000,
+        description="Largest product of the size bounds nested along one path of a schema "
+        "(`minItems`/`maxItems` of each array level times the `minLength`/`maxLength` "
+        "inside): each within its cap, the product is what gets unrolled.",
+    )
     # Grammars (GBNF, EBNF, Lark).
     max_grammar_chars: PosInt = Field(
         default=32_768, description="Longest grammar (GBNF, EBNF, Lark)."
@@ -80,6 +88,38 @@ class GuidedLimits:
     )
     max_grammar_repeat_total: PosInt = Field(
         default=10_000, description="Largest sum of `{m,n}` counts in one grammar."
+    )
+    # Structured-output backends (see guard/guided/_backends.py and bench/README.md).
+    backends: tuple[Literal["xgrammar", "guidance", "outlines"], ...] = Field(
+        default=("xgrammar", "guidance", "outlines"),
+        description="The structured-output backends the upstream may use. The default is "
+        "everything vLLM's `auto` reaches (outlines through its `patternProperties` "
+        "fallback); name just one when vLLM is pinned to it (`--structured-outputs-config`); "
+        "empty: no backend cost check.",
+    )
+    outlines_fallback: Literal["refuse", "bound"] = Field(
+        default="refuse",
+        description="With several backends named: `refuse` a request that `auto` would send "
+        "to outlines (the engine keeps the first backend it builds, so one such request "
+        "would put every later one on outlines), or `bound` its outlines cost only.",
+    )
+    vocab_size: PosInt = Field(
+        default=32_768,
+        description="The model's vocabulary size: backend costs grow with it (set it to "
+        "the model's; the budgets below were calibrated at 32k).",
+    )
+    backend_max_compile_s: PosFloat = Field(
+        default=1.0,
+        description="Estimated compile CPU seconds one constraint may cost on a backend.",
+    )
+    backend_max_compile_mb: PosFloat = Field(
+        default=256.0,
+        description="Estimated compile memory (MiB) one constraint may cost on a backend.",
+    )
+    backend_max_mask_s: PosFloat = Field(
+        default=0.05,
+        description="Estimated token-mask seconds per generated token (xgrammar on nested "
+        "ambiguous repetition pays this on every decode step, for the whole batch).",
     )
     # Choice lists.
     max_choices: PosInt = Field(default=256, description="Most `guided_choice` entries.")

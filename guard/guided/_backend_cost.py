@@ -1,0 +1,684 @@
+"""Static cost estimates of what each structured-output backend does with a constraint.
+
+One linear pass over the constraint (the regex AST of :mod:`guard.guided._regex_ast`, or the
+JSON-schema tree) per backend; counted repetitions are priced symbolically, never unrolled. The
+models and their constants come from measurements of the backends vLLM 0.32 installs
+(outlines-core 0.2.14, xgrammar 0.2.8, llguidance 1.7.6) with byte-level BPE vocabularies of
+2k, 4k and 32k tokens, one core (bench/README.md, "guided-decoding backends"). Each constant is
+the largest measured ratio, so the estimates are upper fits: they over-estimate (refuse more),
+never knowingly under-estimate a measured family.
+
+- **outlines-core** determinises the regex (its own, or the one it derives from a schema) into a
+  dense DFA, unanchored start included, then walks every vocabulary token from every anchored
+  state. Time ~ vocabulary x anchored states + DFA states x NFA positions. States multiply by
+  ``b ** n`` at a counted repetition ``X{m,n}`` that can be re-entered while an earlier entry is
+  still inside it (``(a|b)*a(a|b){20}``, a bare JSON string with ``maxLength`` 20); broad classes
+  cost ~7 states per count (UTF-8), Unicode categories ~24.
+- **xgrammar** builds a token-mask cache per bounded repetition of a wide class (``.{0,1000}``,
+  ``maxLength`` 300: ~1.5 s at 32k), is quadratic in enum values, choices, optional properties
+  and grammar rules, and pays per decode token on nested ambiguous repetition
+  (``(.{0,5}){0,5}``: 0.86 s per token).
+- **llguidance** is lazy and fuel-limited: quadratic in GBNF rules, linear in ``maxItems`` and
+  in counts over 10,000.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from guard.guided._regex_ast import (
+    ALT,
+    CAT,
+    EPS,
+    LIT,
+    REP,
+    Node,
+    Unpriceable,
+    ascii_printable,
+    covers,
+    meets,
+    multibyte,
+    parse_regex,
+)
+
+__all__ = [
+    "Estimate",
+    "guidance_cost",
+    "outlines_cost",
+    "trie_size",
+    "xgrammar_cost",
+]
+
+_LOG2_CAP = 200.0
+_INF = float("inf")
+
+
+@dataclass
+class Estimate:
+    """One backend's estimated cost of one constraint: compile seconds (one core), peak memory
+    growth in MiB, seconds per decode-step token mask, and why (the largest terms)."""
+
+    compile_s: float = 0.0
+    mem_mb: float = 0.0
+    mask_s: float = 0.0
+    why: list[str] = field(default_factory=list)
+    accepted: bool = True  # False: the backend refuses the constraint (vLLM answers 400)
+
+
+# ---- outlines: DFA states ---------------------------------------------------------------------
+
+
+class _Src(NamedTuple):
+    """A loop (or the implicit unanchored ``.*``) whose threads may linger and enter later."""
+
+    key: int
+    cls: int  # characters that keep the loop alive
+    must: frozenset[int]  # classes every path from the loop to here consumes
+    last: int  # characters the path may have consumed last
+    direct: bool  # nothing consumed since the loop
+
+
+_SRC_CAP = 6
+_MUST_CAP = 16
+_WEIGHT_CAP = 1e12
+
+
+class _Acc:
+    __slots__ = ("log2", "multibyte", "why")
+
+    def __init__(self) -> None:
+        self.log2 = 0.0
+        self.multibyte = False
+        self.why = ""
+
+
+def _consume(srcs: tuple[_Src, ...], cs: int) -> tuple[_Src, ...]:
+    return tuple(
+        _Src(
+            s.key,
+            s.cls,
+            s.must if cs in s.must or len(s.must) >= _MUST_CAP else s.must | {cs},
+            cs,
+            False,
+        )
+        for s in srcs
+    )
+
+
+def _merge(groups: Sequence[tuple[_Src, ...]]) -> tuple[_Src, ...]:
+    by_key: dict[int, _Src] = {}
+    for srcs in groups:
+        for s in srcs:
+            old = by_key.get(s.key)
+            if old is None:
+                by_key[s.key] = s
+            else:
+                by_key[s.key] = _Src(
+                    s.key, s.cls, old.must & s.must, old.last | s.last, old.direct or s.direct
+                )
+    return _cap(tuple(by_key.values()))
+
+
+def _cap(srcs: tuple[_Src, ...]) -> tuple[_Src, ...]:
+    """Keep the implicit start source and the most recent loops."""
+    if len(srcs) <= _SRC_CAP:
+        return srcs
+    start = tuple(s for s in srcs if s.key == 0)
+    rest = tuple(s for s in srcs if s.key != 0)
+    return start + rest[-(_SRC_CAP - len(start)) :]
+
+
+def _nlast_overlap(n: Node, entry: int) -> int:
+    """Last leaves of one iteration whose class meets the entry characters."""
+    if n.kind == LIT:
+        return 1 if meets(n.cs, entry) else 0
+    if n.kind == ALT:
+        return sum(_nlast_overlap(k, entry) for k in n.kids)
+    if n.kind == CAT:
+        total = 0
+        for k in reversed(n.kids):
+            total += _nlast_overlap(k, entry)
+            if not k.nullable:
+                break
+        return total
+    if n.kind == REP:
+        return _nlast_overlap(n.kids[0], entry)
+    return 0
+
+
+def _one_class(n: Node, cls: int) -> bool:
+    """All leaves use one class inside ``cls`` (entering anywhere in a run of it is an
+    interval of counts: linear)."""
+    leaves: list[int] = []
+    stack = [n]
+    while stack:
+        x = stack.pop()
+        if x.kind == LIT:
+            leaves.append(x.cs)
+        stack.extend(x.kids)
+    return bool(leaves) and all(c == leaves[0] for c in leaves) and covers(cls, leaves[0])
+
+
+def _deterministic(n: Node) -> bool:
+    """LL(1): every choice inside ``n`` is decided by the next character."""
+    if n.kind in (LIT, EPS):
+        return True
+    if n.kind == ALT:
+        if sum(k.nullable for k in n.kids) > 1:
+            return False
+        seen = 0
+        for k in n.kids:
+            if meets(seen, k.first):
+                return False
+            seen |= k.first
+        return all(_deterministic(k) for k in n.kids)
+    if n.kind == CAT:
+        for i, k in enumerate(n.kids):
+            if not _deterministic(k):
+                return False
+            if k.nullable or (k.kind == REP and k.hi != k.lo):
+                follow = 0
+                for r in n.kids[i + 1 :]:
+                    follow |= r.first
+                    if not r.nullable:
+                        break
+                if meets(k.last, follow) or meets(k.first, follow):
+                    return False
+        return True
+    body = n.kids[0]
+    return _deterministic(body) and not (n.hi != n.lo and body.nullable)
+
+
+def _walk(n: Node, srcs: tuple[_Src, ...], acc: _Acc, weight: float) -> tuple[_Src, ...]:
+    """Abstract interpretation of the determinisation: ``acc.log2`` collects ``log2`` of the
+    state multiplier; ``weight`` is how many copies of ``n`` the automaton holds."""
+    kind = n.kind
+    if kind == EPS:
+        return srcs
+    if kind == LIT:
+        return _consume(srcs, n.cs)
+    if kind == CAT:
+        for k in n.kids:
+            srcs = _walk(k, srcs, acc, weight)
+        return srcs
+    if kind == ALT:
+        return _merge([_walk(k, srcs, acc, weight) for k in n.kids])
+    body = n.kids[0]
+    if n.hi is None:  # a loop: a new lingering source
+        new = _Src(id(n), body.chars, frozenset(), body.last, True)
+        out = _walk(body, _cap((*srcs, new)), acc, weight)
+        passed = out if n.lo > 0 else _merge([srcs, out])
+        return _cap((*(s for s in passed if s.key != id(n)), new))
+    if n.hi <= 1:
+        out = _walk(body, srcs, acc, weight)
+        return out if n.lo > 0 else _merge([srcs, out])
+    x = body
+    single = x.kind == LIT
+    ambiguous = False
+    entry = 0
+    for s in srcs:
+        if any(not meets(m, x.chars) for m in s.must):
+            continue  # the entry path needs a character X cannot hold: one entry per run
+        if not meets(x.chars, s.cls):
+            continue  # the loop dies while a thread is inside X
+        if s.direct:
+            if not single and meets(x.first, s.cls) and not _one_class(x, s.cls):
+                ambiguous, entry = True, entry | s.cls
+        elif meets(s.last, x.chars) and not (single and covers(s.last, x.chars)):
+            ambiguous, entry = True, entry | s.last
+    if not ambiguous and x.minlen != x.maxlen and meets(x.last, x.first) and not _deterministic(x):
+        ambiguous, entry = True, x.first
+    if ambiguous:
+        b = 1 + max(1, _nlast_overlap(x, entry))
+        contrib = n.hi * math.log2(b) * weight
+        acc.log2 += contrib
+        acc.multibyte = acc.multibyte or multibyte(x.chars)
+        if not acc.why:
+            acc.why = f"a counted repetition {{{n.lo},{n.hi}}} re-entered while inside it"
+    inner = _merge([srcs, _consume(srcs, x.last)])
+    out = _walk(x, inner, acc, min(_WEIGHT_CAP, weight * n.hi))
+    return out if n.lo > 0 else _merge([srcs, out])
+
+
+_BROAD_MIN = 48  # printable ASCII characters for a class to let most tokens through
+
+
+def _positions(n: Node) -> tuple[float, float]:
+    """(narrow, broad) NFA positions, counts multiplied out, multi-byte classes weighted by
+    the UTF-8 automaton states they need."""
+    if n.kind == LIT:
+        extra = 0.0
+        if multibyte(n.cs):
+            extra = 23.0 if n.cs >> 130 & 1 else 6.0
+        if ascii_printable(n.cs) >= _BROAD_MIN:
+            return extra, 1.0
+        return 1.0 + extra, 0.0
+    if n.kind == REP:
+        a, b = _positions(n.kids[0])
+        m = max(1, n.lo) if n.hi is None else max(1, n.hi)
+        return min(a * m, 1e15), min(b * m, 1e15)
+    a = b = 0.0
+    for k in n.kids:
+        x, y = _positions(k)
+        a, b = a + x, b + y
+    return a, b
+
+
+class _Shape(NamedTuple):
+    exp_a: float  # log2 multiplier of anchored states
+    exp_u: float  # ... of unanchored states
+    narrow: float
+    broad: float
+    why: str
+
+
+def _regex_shape(root: Node) -> _Shape:
+    acc_a, acc_u = _Acc(), _Acc()
+    _walk(root, (), acc_a, 1.0)
+    _walk(root, (_Src(0, -1, frozenset(), 0, True),), acc_u, 1.0)
+    mb = math.log2(4.5)
+    exp_a = acc_a.log2 + (mb if acc_a.multibyte and acc_a.log2 > 0 else 0.0)
+    exp_u = acc_u.log2 + (mb if acc_u.multibyte and acc_u.log2 > 0 else 0.0)
+    narrow, broad = _positions(root)
+    return _Shape(exp_a, exp_u, narrow, broad, acc_a.why or acc_u.why)
+
+
+# Measured upper fits (seconds or bytes per unit, one core).
+_O_FIXED_S = 0.005
+_O_C_REGEX = 4e-8  # per anchored state x vocabulary token, request regexes
+_O_C_SCHEMA = 1.6e-7  # the same for schema-derived regexes (quote/space-led tokens live longer)
+_O_C_DFA = 7e-7  # per DFA state x NFA position (determinisation)
+_O_M_NARROW = 1.0  # bytes per anchored state x token, narrow classes
+_O_M_BROAD = 12.0  # ... per share of broad classes
+_O_M_DFA = 40.0
+
+
+def _outlines_price(shape: _Shape, vocab: int, *, schema: bool) -> tuple[float, float]:
+    ea = min(shape.exp_a, _LOG2_CAP)
+    eu = min(shape.exp_u, _LOG2_CAP)
+    pos = max(1.0, shape.narrow + shape.broad)
+    sa = 4.0 * 2.0**ea + pos if ea > 0 else pos
+    dfa = (2.0**eu + 2.0**ea) * pos
+    c = _O_C_SCHEMA if schema else _O_C_REGEX
+    t = _O_FIXED_S + vocab * sa * c + _O_C_DFA * dfa
+    share = shape.broad / pos
+    m = _O_M_BROAD if schema else _O_M_NARROW + _O_M_BROAD * min(1.0, 8 * share)
+    mem = vocab * sa * m + _O_M_DFA * dfa
+    return t, mem / (1 << 20)
+
+
+def _outlines_regex(pattern: str, vocab: int) -> Estimate:
+    try:
+        root = parse_regex(pattern)
+    except Unpriceable as exc:
+        return Estimate(_INF, _INF, 0.0, [f"a regex the estimate cannot price ({exc})"])
+    shape = _regex_shape(root)
+    t, mem = _outlines_price(shape, vocab, schema=False)
+    why = [shape.why] if shape.why else [f"{shape.narrow + shape.broad:.0f} automaton positions"]
+    return Estimate(t, mem, 0.0, why)
+
+
+# ---- outlines: schemas (the regex outlines-core derives, sized without building it) ---------
+
+_ANY_JSON_POS = 900.0  # positions of outlines' generic JSON value regex (two levels deep)
+_STRING_POS = 5.0
+_FORMAT_POS = {"date-time": 40.0, "date": 110.0, "time": 25.0, "uuid": 40.0, "email": 70.0}
+_FORMAT_POS_DEFAULT = 15.0
+_PER_STRING_COUNT = 1.5  # positions per unit of a string's length bound (24 in a property: 0.13 s)
+_MAX_REF_DEPTH = 3  # outlines-core refuses deeper $ref chains ("Ref recursion limit")
+
+
+class _OutlinesRejects(Exception):
+    pass
+
+
+class _SchemaSizer:
+    """Positions and exponential terms of the regex outlines-core would build for a schema."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.exp_u = 0.0
+        self.exp_a = 0.0
+        self.multibyte = False
+        self.why = ""
+        self.memo: dict[tuple[int, bool, int], float] = {}
+
+    def size(self, node: Any, top: bool, refs: int) -> float:
+        if not isinstance(node, Mapping) or not node:
+            return _ANY_JSON_POS
+        key = (id(node), top, refs)
+        got = self.memo.get(key)
+        if got is not None:
+            return got
+        out = min(1e15, self._size(node, top, refs))
+        self.memo[key] = out
+        return out
+
+    def _size(self, s: Mapping[str, Any], top: bool, refs: int) -> float:
+        ref = s.get("$ref")
+        if isinstance(ref, str):
+            if refs >= _MAX_REF_DEPTH:
+                raise _OutlinesRejects
+            return self.size(_resolve(self.root, ref), top, refs + 1)
+        enum = s.get("enum")
+        if isinstance(enum, list):
+            return float(trie_size(_json_text(v) for v in enum)) + 2
+        if "const" in s:
+            return float(len(_json_text(s["const"]))) + 2
+        for key in ("anyOf", "oneOf", "allOf"):
+            alts = s.get(key)
+            if isinstance(alts, list):
+                return sum(self.size(a, top, refs) for a in alts) + 2
+        t = s.get("type")
+        if isinstance(t, list):
+            return sum(self.size({**s, "type": x}, top, refs) for x in t) + 2
+        if t == "string":
+            return self._string(s, top)
+        if t in ("integer", "number", "boolean", "null"):
+            return 16.0
+        if t == "array" or "items" in s or "prefixItems" in s:
+            items = s.get("items")
+            item = self.size(items, False, refs) if isinstance(items, Mapping) else _ANY_JSON_POS
+            lo, hi = _count(s.get("minItems")), _count(s.get("maxItems"))
+            reps = max(2, hi) if hi is not None else max(2, lo or 0)
+            return item * reps + 8
+        if t == "object" or "properties" in s:
+            props = s.get("properties")
+            if not isinstance(props, Mapping) or not props:
+                return _ANY_JSON_POS
+            return sum(self.size(v, False, refs) + len(k) + 8 for k, v in props.items()) + 4
+        return _ANY_JSON_POS
+
+    def _string(self, s: Mapping[str, Any], top: bool) -> float:
+        hi, lo = _count(s.get("maxLength")), _count(s.get("minLength"))
+        if hi is not None or lo is not None:
+            if hi is not None and hi >= 2 and top:
+                # A bare string's opening quote can recur inside it as \": re-entry.
+                self.exp_u += 1.1 * hi
+                self.why = self.why or f"a top-level string with maxLength {hi}"
+            return _PER_STRING_COUNT * max(hi or 0, lo or 0) + _STRING_POS
+        pattern = s.get("pattern")
+        if isinstance(pattern, str):
+            try:
+                shape = _regex_shape(parse_regex(pattern))
+            except Unpriceable:
+                raise _OutlinesRejects from None
+            self.exp_u += shape.exp_u
+            self.exp_a += shape.exp_a
+            if shape.exp_u > 0 and not self.why:
+                self.why = shape.why
+            return shape.narrow + shape.broad + 2
+        fmt = s.get("format")
+        if isinstance(fmt, str):
+            return _FORMAT_POS.get(fmt, _FORMAT_POS_DEFAULT)
+        return _STRING_POS
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def trie_size(words: Iterable[str]) -> int:
+    """Nodes of the trie of ``words``: the states an automaton for their alternation needs
+    (a prefix shared by many values costs once). Linear in their total length."""
+    root: dict[str, Any] = {}
+    nodes = 0
+    for word in words:
+        node = root
+        for ch in word:
+            nxt = node.get(ch)
+            if nxt is None:
+                nxt = node[ch] = {}
+                nodes += 1
+            node = nxt
+    return nodes
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return max(0, int(min(value, 1e12)))
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node = root
+    for raw in ref[2:].split("/"):
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
+
+
+def _outlines_schema(schema: Any, vocab: int) -> Estimate:
+    if schema is True or schema == {}:
+        schema = {}
+    if not isinstance(schema, Mapping):
+        return Estimate(accepted=False)
+    if any(k in n for n in _schema_nodes(schema) for k in ("not", "if")):
+        return Estimate(accepted=False)  # outlines-core refuses these (vLLM: 400)
+    sizer = _SchemaSizer(schema)
+    try:
+        pos = sizer.size(schema, True, 0)
+    except (_OutlinesRejects, RecursionError):
+        return Estimate(accepted=False)
+    shape = _Shape(sizer.exp_a, sizer.exp_u, pos, 0.0, sizer.why)
+    t, mem = _outlines_price(shape, vocab, schema=True)
+    why = [sizer.why] if sizer.why else [f"~{pos:.0f} automaton positions"]
+    return Estimate(t, mem, 0.0, why)
+
+
+def outlines_cost(kind: str, spec: Any, vocab: int) -> Estimate:
+    """outlines-core's index build for ``kind`` in ``regex``, ``json``, ``choice`` (it refuses
+    grammars, ``json_object`` and structural tags)."""
+    if kind == "regex" and isinstance(spec, str):
+        return _outlines_regex(spec, vocab)
+    if kind == "json":
+        return _outlines_schema(spec, vocab)
+    if kind == "choice" and isinstance(spec, list):
+        chars = trie_size(c for c in spec if isinstance(c, str)) + 2
+        t = _O_FIXED_S + vocab * chars * _O_C_REGEX
+        return Estimate(t, vocab * chars * _O_M_NARROW / (1 << 20), 0.0, [f"{len(spec)} choices"])
+    return Estimate(accepted=False)
+
+
+# ---- xgrammar ---------------------------------------------------------------------------------
+
+_X_FIXED_S = 0.002
+_X_WIDE_100 = 2.3e-7  # per copy (<= 100) x token: bounded repetition of a wide class
+_X_WIDE_2K = 2.5e-8  # per copy (<= 2000) x token
+_X_ENUM = 4.4e-9  # per enum value squared, at 32k tokens
+_X_CHOICE = 8.5e-9  # per choice squared
+_X_PROPS = 2.9e-5  # per optional property squared
+_X_RULES = 1.8e-8  # per grammar rule squared
+_X_AMB_WIDE = 1e-4  # per decode token per A**3, A = ambiguity of nested repetition
+_X_AMB_NARROW = 1e-8
+_WIDE_MIN = 10
+_REF_VOCAB = 32768
+
+
+def _wide(cs: int) -> bool:
+    return ascii_printable(cs) >= _WIDE_MIN or multibyte(cs)
+
+
+def _inner_var(n: Node) -> float:
+    best = 1.0
+    stack = [n]
+    while stack:
+        x = stack.pop()
+        if x.kind == REP:
+            best = max(best, 2.0 if x.hi is None else float(x.hi - x.lo + 1))
+        stack.extend(x.kids)
+    return best
+
+
+def _has_rep(n: Node) -> bool:
+    stack = [n]
+    while stack:
+        x = stack.pop()
+        if x.kind == REP:
+            return True
+        stack.extend(x.kids)
+    return False
+
+
+class _XTerms:
+    __slots__ = ("amb_narrow", "amb_wide", "wide")
+
+    def __init__(self) -> None:
+        self.wide: list[int] = []
+        self.amb_wide = 1.0
+        self.amb_narrow = 1.0
+
+
+def _xgr_terms(n: Node, acc: _XTerms, outer: float) -> None:
+    if n.kind == REP:
+        body = n.kids[0]
+        if n.hi is not None and n.hi >= 2 and _wide(body.chars):
+            acc.wide.append(n.hi)
+        amb = outer
+        if (
+            n.hi is not None
+            and n.hi >= 2
+            and body.minlen != body.maxlen
+            and meets(body.last, body.first)
+        ):
+            amb = min(1e9, outer * n.hi)
+        for k in n.kids:
+            if _has_rep(k):
+                inner = _inner_var(k)
+                if amb > 1 and inner > 1:
+                    a = min(1e9, amb * inner)
+                    if _wide(k.chars):
+                        acc.amb_wide = max(acc.amb_wide, a)
+                    else:
+                        acc.amb_narrow = max(acc.amb_narrow, a)
+            _xgr_terms(k, acc, amb)
+        return
+    for k in n.kids:
+        _xgr_terms(k, acc, outer)
+
+
+def _wide_cost(count: int, vocab: int) -> float:
+    return vocab * (_X_WIDE_100 * min(count, 100) + _X_WIDE_2K * min(count, 2000))
+
+
+def _xgr_regex(pattern: str, vocab: int, est: Estimate) -> None:
+    try:
+        root = parse_regex(pattern)
+    except Unpriceable:
+        # Priced as if every {m,n} were over a wide class (xgrammar has no look-around: such
+        # a regex goes elsewhere or is refused).
+        for m in re.finditer(r"\{(\d{1,9})(?:,(\d{0,9}))?\}", pattern):
+            count = int(m.group(2) or m.group(1))
+            est.compile_s += _wide_cost(count, vocab)
+        return
+    acc = _XTerms()
+    _xgr_terms(root, acc, 1.0)
+    for count in acc.wide:
+        est.compile_s += _wide_cost(count, vocab)
+        if count >= 100:
+            est.why.append(f"a bounded repetition of a wide class ({count})")
+    scale = vocab / _REF_VOCAB
+    if acc.amb_wide > 1:
+        est.mask_s = max(est.mask_s, _X_AMB_WIDE * acc.amb_wide**3 * scale)
+        est.why.append(f"nested ambiguous repetition (degree {acc.amb_wide:.0f}), paid per token")
+    if acc.amb_narrow > 1:
+        est.mask_s = max(est.mask_s, _X_AMB_NARROW * acc.amb_narrow**3 * scale)
+
+
+def _schema_nodes(schema: Any) -> Iterator[Mapping[str, Any]]:
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            yield node
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+
+
+def xgrammar_cost(kind: str, spec: Any, vocab: int) -> Estimate:
+    est = Estimate(_X_FIXED_S)
+    scale = vocab / _REF_VOCAB
+    if kind == "regex" and isinstance(spec, str):
+        _xgr_regex(spec, vocab, est)
+    elif kind == "json":
+        for node in _schema_nodes(spec):
+            for key, weight in (("maxLength", 1.0), ("minLength", 0.35)):
+                count = _count(node.get(key))
+                if count is not None and count >= 2:
+                    est.compile_s += _wide_cost(count, vocab) * weight
+                    if count >= 100:
+                        est.why.append(f"a string {key} of {count}")
+            pattern = node.get("pattern")
+            if isinstance(pattern, str):
+                _xgr_regex(pattern, vocab, est)
+            enum = node.get("enum")
+            if isinstance(enum, list):
+                est.compile_s += _X_ENUM * len(enum) ** 2 * scale
+            props = node.get("properties")
+            if isinstance(props, Mapping):
+                required = node.get("required")
+                req = set(required) if isinstance(required, list) else set()
+                optional = sum(1 for k in props if k not in req)
+                est.compile_s += _X_PROPS * optional**2
+    elif kind == "choice" and isinstance(spec, list):
+        est.compile_s += _X_CHOICE * len(spec) ** 2 * scale
+    elif kind == "grammar" and isinstance(spec, str):
+        est.compile_s += _X_RULES * count_rules(spec) ** 2
+    return est
+
+
+# ---- llguidance -------------------------------------------------------------------------------
+
+_G_FIXED_S = 0.002
+_G_GBNF = 6.5e-7  # per GBNF rule squared (the Python GBNF -> Lark conversion)
+_G_LARK = 2.5e-8
+_G_ITEMS = 1e-5  # per unit of minItems / maxItems
+_G_ITEMS_MB = 2e-3
+_G_COUNT = 4e-7  # per unit of a counted repetition over 10,000
+_G_CHOICE = 3.6e-5
+_RULE = re.compile(r"(?m)^[ \t]*[A-Za-z_][\w.-]*(?:\[[^\]\n]*\])?[ \t]*(?:::=|:)")
+
+
+def count_rules(grammar: str) -> int:
+    return len(_RULE.findall(grammar))
+
+
+def guidance_cost(kind: str, spec: Any, vocab: int) -> Estimate:
+    est = Estimate(_G_FIXED_S)
+    if kind == "grammar" and isinstance(spec, str):
+        rules = count_rules(spec)
+        est.compile_s += (_G_GBNF if "::=" in spec else _G_LARK) * rules**2
+    elif kind == "json":
+        for node in _schema_nodes(spec):
+            for key in ("minItems", "maxItems"):
+                count = _count(node.get(key))
+                if count:
+                    est.compile_s += _G_ITEMS * count
+                    est.mem_mb += _G_ITEMS_MB * count
+    elif kind == "choice" and isinstance(spec, list):
+        est.compile_s += _G_CHOICE * len(spec)
+    if kind in ("regex", "grammar") and isinstance(spec, str):
+        for m in re.finditer(r"\{(\d{1,9})(?:,(\d{0,9}))?\}", spec):
+            count = int(m.group(2) or m.group(1))
+            if count > 10_000:
+                est.compile_s += _G_COUNT * count
+                est.mask_s = max(est.mask_s, min(0.2, 1.2e-6 * count))
+    return est

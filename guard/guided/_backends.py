@@ -1,0 +1,422 @@
+"""Which structured-output backend a request reaches on vLLM 0.32, and what it costs there.
+
+vLLM's ``auto`` (``SamplingParams._validate_structured_outputs``, ``vllm/sampling_params.py``)
+decides from the request alone, for a non-Mistral tokenizer:
+
+- xgrammar, when its validation accepts the constraint (``validate_xgrammar_grammar``: vLLM's
+  ``has_xgrammar_unsupported_json_features`` and xgrammar's own converters);
+- otherwise llguidance ("guidance"), except a JSON schema that has ``patternProperties``
+  anywhere (``has_guidance_unsupported_json_features``): that one goes to **outlines**;
+- what guidance refuses too is a 400 (there is no outlines fallback for it).
+
+**The engine's backend is sticky** (``StructuredOutputManager.grammar_init``,
+``vllm/v1/structured_output/__init__.py``): the engine builds one backend object from the first
+structured request after it starts and compiles every later request with it, whatever ``auto``
+decided for that later request. So under ``auto`` every request may be compiled by xgrammar or
+by guidance (whichever came first), and one outlines-routed request admitted first would turn
+every later schema or regex into an outlines index build. The guard therefore bounds each
+request for every backend the policy names that a request can make sticky (xgrammar and
+guidance), and refuses outright a request that ``auto`` would send to outlines
+(``limits.guided.outlines_fallback: refuse``, the default), which keeps the engine off outlines.
+A policy that names one backend (vLLM pinned with ``--structured-outputs-config``) bounds that
+backend only.
+
+Refusals: ``guided_backend_cost_exceeded`` (HTTP 400), the backend named first in the message;
+``param`` is the constraint's field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, NoReturn
+
+from guard.errors import LimitExceeded
+from guard.guided._backend_cost import Estimate, guidance_cost, outlines_cost, xgrammar_cost
+from guard.guided._limits import GuidedLimits
+
+__all__ = [
+    "BACKEND_COST_CODE",
+    "check_backend_costs",
+    "check_constraint",
+    "constraints",
+    "fmt_path",
+    "reachable_backends",
+    "route_auto",
+]
+
+BACKEND_COST_CODE = "guided_backend_cost_exceeded"
+_ESTIMATORS = {"outlines": outlines_cost, "xgrammar": xgrammar_cost, "guidance": guidance_cost}
+
+# ---- vLLM 0.32's routing helpers (request-only), from backend_xgrammar.py / backend_guidance.py
+
+_STRING_FORMATS = frozenset(
+    {
+        "email",
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "ipv4",
+        "ipv6",
+        "hostname",
+        "uuid",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
+
+
+def _types(node: Mapping[str, Any]) -> set[str]:
+    t = node.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return {x for x in t if isinstance(x, str)}
+    return set()
+
+
+def _pattern_and_length(node: Mapping[str, Any]) -> bool:
+    return ("pattern" in node or "format" in node) and ("minLength" in node or "maxLength" in node)
+
+
+def _nodes(schema: Any) -> Iterator[Mapping[str, Any]]:
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            yield node
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+
+
+def _xgrammar_unsupported_node(node: Mapping[str, Any]) -> bool:
+    """vLLM's ``has_xgrammar_unsupported_json_features`` for one node, plus what xgrammar's
+    ``Grammar.from_json_schema`` itself raises on (measured)."""
+    types = _types(node)
+    if types & {"integer", "number"} and "multipleOf" in node:
+        return True
+    if "array" in types and any(
+        k in node for k in ("uniqueItems", "contains", "minContains", "maxContains")
+    ):
+        return True
+    if "string" in types:
+        fmt = node.get("format")
+        if "format" in node and fmt not in _STRING_FORMATS:
+            return True
+        if _pattern_and_length(node):
+            return True
+    if "object" in types:
+        if "propertyNames" in node:
+            names = node.get("propertyNames")
+            if isinstance(names, Mapping) and _pattern_and_length(names):
+                return True
+            if "patternProperties" in node or "properties" in node:
+                return True
+            if node.get("unevaluatedProperties", True) is not True:
+                return True
+        pp = node.get("patternProperties")
+        if isinstance(pp, Mapping) and ("properties" in node or len(pp) > 1):
+            return True
+    all_of = node.get("allOf")
+    if isinstance(all_of, list) and len(all_of) >= 2:
+        return True
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and xgrammar_rejects_regex(pattern):
+        return True
+    props = node.get("properties")
+    min_props = node.get("minProperties")
+    if (
+        isinstance(min_props, int)
+        and not isinstance(min_props, bool)
+        and min_props > (len(props) if isinstance(props, Mapping) else 0)
+        and node.get("additionalProperties", False) is False
+    ):
+        return True
+    ref = node.get("$ref")
+    return isinstance(ref, str) and not ref.startswith("#")
+
+
+_GUIDANCE_UNIMPLEMENTED = (
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
+
+
+def _guidance_rejects_node(node: Mapping[str, Any]) -> bool:
+    if any(k in node for k in _GUIDANCE_UNIMPLEMENTED):
+        return True
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and guidance_rejects_regex(pattern):
+        return True
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):
+        return True
+    return node.get("format") == "regex"
+
+
+# Regex syntax xgrammar 0.2.8's converter rejects (probed): look-around, atomic groups,
+# (?P<, comments, inline flags, back-references, octal, \b \B \p \P, possessive, {,n}.
+_XGR_REGEX_REJECT = re.compile(
+    r"\(\?[=!]|\(\?<[=!]|\(\?>|\(\?P|\(\?#|\(\?[a-zA-Z-]+[:)]"
+    r"|\\[1-9]|\\0[0-7]|\\[bBpP]|[*+?}]\+|\{,"
+)
+# ... and what llguidance's (Rust regex-syntax) rejects; then vLLM answers 400.
+_LLG_REGEX_REJECT = re.compile(
+    r"\(\?[=!]|\(\?<[=!]|\(\?>|\(\?#|\\[1-9]|\\0[0-7]|\\[bB]|\\Z|\\Q|\{,"
+)
+_BRACE_OK = re.compile(r"\{\d+(,\d*)?\}")
+
+
+def _outside_classes(rx: str) -> Iterator[tuple[int, str, str]]:
+    """(index, char, previous char) of the characters outside ``[...]`` and escapes."""
+    i, depth, prev, n = 0, 0, "", len(rx)
+    while i < n:
+        c = rx[i]
+        if c == "\\":
+            if depth == 0 and rx.startswith("{", i + 2) and i + 1 < n and rx[i + 1] in "pP":
+                j = rx.find("}", i)  # \p{L}: the braces are the class name
+                i = j + 1 if j > 0 else n
+            else:
+                i += 2
+            prev = "\\"
+            continue
+        if c == "[":
+            depth += 1
+            if i + 1 < n and rx[i + 1] == "]":
+                i += 1
+        elif c == "]" and depth:
+            depth -= 1
+            prev = "]"
+            i += 1
+            continue
+        elif depth == 0:
+            yield i, c, prev
+            prev = c
+        i += 1
+
+
+def _bad_brace(rx: str) -> bool:
+    return any(c == "{" and not _BRACE_OK.match(rx, i) for i, c, _ in _outside_classes(rx))
+
+
+def xgrammar_rejects_regex(rx: str) -> bool:
+    r = rx.replace("\\\\", "")
+    return bool(_XGR_REGEX_REJECT.search(r)) or _bad_brace(r)
+
+
+def guidance_rejects_regex(rx: str) -> bool:
+    r = rx.replace("\\\\", "")
+    if _LLG_REGEX_REJECT.search(r) or _bad_brace(r):
+        return True
+    # a mid-pattern ^ is read as a look-around
+    return any(c == "^" and i > 0 and prev not in "(|:" for i, c, prev in _outside_classes(r))
+
+
+def route_auto(kind: str, spec: Any) -> str:
+    """The backend vLLM 0.32's ``auto`` picks for one constraint (non-Mistral tokenizer):
+    ``xgrammar``, ``guidance``, ``outlines``, or ``reject`` (a 400 from vLLM)."""
+    if kind == "json":
+        if not isinstance(spec, Mapping):
+            return "xgrammar" if spec is True else "reject"
+        nodes = list(_nodes(spec))
+        if not any(_xgrammar_unsupported_node(n) for n in nodes):
+            return "xgrammar"
+        if any("patternProperties" in n for n in nodes):
+            return "outlines"
+        if any(_guidance_rejects_node(n) for n in nodes):
+            return "reject"
+        return "guidance"
+    if kind == "regex":
+        if not isinstance(spec, str):
+            return "reject"
+        if not xgrammar_rejects_regex(spec):
+            return "xgrammar"
+        return "reject" if guidance_rejects_regex(spec) else "guidance"
+    return "xgrammar"  # grammar, choice, structural_tag, json_object: guidance only as fallback
+
+
+def reachable_backends(kind: str, spec: Any, limits: GuidedLimits) -> tuple[list[str], bool]:
+    """The backends that may compile this constraint under the policy, and whether it is
+    routed to outlines by ``auto``'s fallback (see the module docstring)."""
+    named: list[str] = list(dict.fromkeys(limits.backends))
+    if len(named) == 1:
+        return named, False
+    route = route_auto(kind, spec) if "outlines" in named else ""
+    reach: list[str] = [b for b in named if b != "outlines"]
+    if route == "outlines":
+        reach.append("outlines")
+    return reach, route == "outlines"
+
+
+# ---- the constraints of a request, as vLLM reads them --------------------------------------------
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
+def _tool_schema(body: Mapping[str, Any]) -> tuple[Any, tuple[str | int, ...]] | None:
+    """The schema vLLM builds from ``tools`` when ``tool_choice`` forces a call."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if not isinstance(tools, list) or choice in (None, "none", "auto"):
+        return None
+    params = []
+    for i, tool in enumerate(tools):
+        fn = _get(tool, "function")
+        p = _get(fn, "parameters") if fn is not None else _get(tool, "parameters")
+        name = _get(fn, "name") if fn is not None else _get(tool, "name")
+        if isinstance(choice, Mapping):
+            wanted = _get(_get(choice, "function"), "name") or _get(choice, "name")
+            if wanted == name:
+                return (p if p is not None else {"type": "object"}), ("tools", i, "parameters")
+        elif p is not None:
+            params.append(p)
+    if choice == "required" and params:
+        schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": params}}
+        return schema, ("tools",)
+    return None
+
+
+def constraints(body: Mapping[str, Any]) -> Iterator[tuple[str, Any, tuple[str | int, ...]]]:
+    """(kind, spec, path) of every structured-output constraint vLLM would compile; schemas
+    given as JSON text are parsed (the check has already bounded and parsed them once)."""
+    import json
+
+    def schema(value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except (ValueError, RecursionError):
+                return None
+        return value
+
+    so = body.get("structured_outputs")
+    path: tuple[str | int, ...]
+    for value, path in (
+        (_get(so, "regex"), ("structured_outputs", "regex")),
+        (body.get("guided_regex"), ("guided_regex",)),
+    ):
+        if isinstance(value, str):
+            yield "regex", value, path
+    for value, path in (
+        (_get(so, "json"), ("structured_outputs", "json")),
+        (body.get("guided_json"), ("guided_json",)),
+        (
+            _get(_get(body.get("response_format"), "json_schema"), "schema"),
+            ("response_format", "json_schema", "schema"),
+        ),
+        (_get(_get(_get(body, "text"), "format"), "schema"), ("text", "format", "schema")),
+    ):
+        value = schema(value)
+        if value is not None:
+            yield "json", value, path
+    for value, path in (
+        (_get(so, "choice"), ("structured_outputs", "choice")),
+        (body.get("guided_choice"), ("guided_choice",)),
+    ):
+        if isinstance(value, list):
+            yield "choice", value, path
+    for value, path in (
+        (_get(so, "grammar"), ("structured_outputs", "grammar")),
+        (body.get("guided_grammar"), ("guided_grammar",)),
+    ):
+        if isinstance(value, str):
+            yield "grammar", value, path
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for i, tool in enumerate(tools):
+            fmt = _get(tool, "format")  # Responses API custom tool
+            at: tuple[str | int, ...] = ("tools", i, "format", "definition")
+            if _get(_get(tool, "custom"), "format") is not None:  # Chat Completions spelling
+                fmt = _get(_get(_get(tool, "custom"), "format"), "grammar")
+                at = ("tools", i, "custom", "format", "grammar", "definition")
+            definition = _get(fmt, "definition")
+            if isinstance(definition, str):
+                kind = "regex" if _get(fmt, "syntax") == "regex" else "grammar"
+                yield kind, definition, at
+    forced = _tool_schema(body)
+    if forced is not None:
+        yield "json", forced[0], forced[1]
+
+
+# ---- the check --------------------------------------------------------------------------------
+
+
+def fmt_path(path: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out[:300]
+
+
+def _refuse(backend: str, message: str, path: tuple[str | int, ...]) -> NoReturn:
+    raise LimitExceeded(BACKEND_COST_CODE, f"{backend}: {message}", param=fmt_path(path))
+
+
+def _over(est: Estimate, limits: GuidedLimits) -> str | None:
+    why = f" ({est.why[0]})" if est.why else ""
+    if est.compile_s > limits.backend_max_compile_s:
+        shown = "unbounded" if est.compile_s == float("inf") else f"~{est.compile_s:.3g} s"
+        return (
+            f"compiling it would take {shown} of CPU, over the budget of "
+            f"{limits.backend_max_compile_s:g} s{why}"
+        )
+    if est.mem_mb > limits.backend_max_compile_mb:
+        shown = "unbounded" if est.mem_mb == float("inf") else f"~{est.mem_mb:.3g} MiB"
+        return (
+            f"compiling it would take {shown} of memory, over the budget of "
+            f"{limits.backend_max_compile_mb:g} MiB{why}"
+        )
+    if est.mask_s > limits.backend_max_mask_s:
+        return (
+            f"each generated token would cost ~{est.mask_s:.3g} s of mask computation, over "
+            f"the budget of {limits.backend_max_mask_s:g} s{why}"
+        )
+    return None
+
+
+def check_constraint(
+    kind: str, spec: Any, path: tuple[str | int, ...], limits: GuidedLimits
+) -> None:
+    reach, to_outlines = reachable_backends(kind, spec, limits)
+    if to_outlines and limits.outlines_fallback == "refuse":
+        _refuse(
+            "outlines",
+            "vLLM's auto backend would compile this schema with outlines (xgrammar does not "
+            "support it and it has patternProperties), and the engine keeps the first "
+            "backend it builds for every later request",
+            path,
+        )
+    for backend in reach:
+        est = _ESTIMATORS[backend](kind, spec, limits.vocab_size)
+        if not est.accepted:
+            continue
+        over = _over(est, limits)
+        if over is not None:
+            _refuse(backend, over, path)
+
+
+def check_backend_costs(body: Mapping[str, Any], limits: GuidedLimits) -> None:
+    """Refuse (``guided_backend_cost_exceeded``) a constraint whose estimated cost on a
+    backend that may compile it is over the policy's budgets."""
+    if not limits.backends:
+        return
+    for kind, spec, path in constraints(body):
+        check_constraint(kind, spec, path, limits)

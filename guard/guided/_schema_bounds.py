@@ -1,0 +1,79 @@
+"""Nested size bounds of a JSON schema, multiplied along each path.
+
+``{"type": "array", "minItems": 1000, "items": {"type": "array", "minItems": 1000, "items":
+{"type": "string", "minLength": 10000}}}`` keeps every bound within its cap, yet asks for 10^10
+characters, and grammar compilers unroll the counts inside one another. The walk multiplies,
+along every path from the root (local ``$ref`` followed, a ``$ref`` already on the path not
+again), the ``minItems``/``maxItems`` of each array level and the ``minLength``/``maxLength`` of
+the string inside, and refuses a product over ``max_schema_bound_product``. Iterative; it visits
+each node of the expanded schema once per path, which the schema check has already bounded
+(``max_schema_nodes`` after ``$ref`` expansion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["largest_bound_product"]
+
+_CAP = 10**30
+_ARRAY_KEYS = ("minItems", "maxItems")
+_STRING_KEYS = ("minLength", "maxLength")
+
+
+def _bound(node: Mapping[str, Any], keys: tuple[str, str]) -> int:
+    best = 1
+    for key in keys:
+        value = node.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > best:
+            best = int(min(value, _CAP))
+    return best
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node = root
+    for raw in ref[2:].split("/"):
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
+
+
+def largest_bound_product(schema: Any, max_visits: int) -> int:
+    """The largest product of nested bounds along one path (1 when there are none).
+    Stops (returning what it has) after ``max_visits`` nodes."""
+    best = 1
+    stack: list[tuple[Any, int, frozenset[str]]] = [(schema, 1, frozenset())]
+    visits = 0
+    while stack and visits < max_visits:
+        node, product, refs = stack.pop()
+        visits += 1
+        if isinstance(node, list | tuple):
+            stack.extend((x, product, refs) for x in node)
+            continue
+        if not isinstance(node, Mapping):
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref not in refs:
+            stack.append((_resolve(schema, ref), product, refs | {ref}))
+        here = product
+        if any(k in node for k in _ARRAY_KEYS):
+            here = min(_CAP, here * _bound(node, _ARRAY_KEYS))
+        if any(k in node for k in _STRING_KEYS):
+            here = min(_CAP, here * _bound(node, _STRING_KEYS))
+        best = max(best, here)
+        for key, value in node.items():
+            if key in ("enum", "const", "examples", "default", "$defs", "definitions"):
+                continue  # data, or reached through $ref
+            if isinstance(value, Mapping | list | tuple):
+                stack.append((value, here, refs))
+    return best
