@@ -34,6 +34,9 @@ EXTRAS = {
     "atheris": "fuzz",
     "redis": "redis",
     "opentelemetry": "otel",
+    "outlines_core": "backends",
+    "llguidance": "backends",
+    "xgrammar": "backends-xgrammar",
 }
 # The project's own packages, which a trimmed install could leave out.
 _OWN_PACKAGES = ("guard", "scheduler_ref", "schedguard", "payloads", "fuzz", "loadtests")

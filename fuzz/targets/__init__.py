@@ -18,7 +18,16 @@ from fuzz.targets.templates import (
     PlaceholderVulnerable,
 )
 
-__all__ = ["FAILS_CI", "REGISTRY", "Budgets", "Cost", "FuzzTarget", "TargetKind", "get_target"]
+__all__ = [
+    "BACKEND_TARGETS",
+    "FAILS_CI",
+    "REGISTRY",
+    "Budgets",
+    "Cost",
+    "FuzzTarget",
+    "TargetKind",
+    "get_target",
+]
 
 REGISTRY: dict[str, FuzzTarget] = {
     t.name: t
@@ -39,6 +48,15 @@ FAILS_CI: frozenset[str] = frozenset({"hardened", "guard"})
 
 _LOADED: dict[str, FuzzTarget] = {}
 
+# The structured-output backend targets (fuzz/targets/backends.py): named like the built-in
+# ones, but kept out of REGISTRY (CI layouts, in-process property tests) because they run
+# native backends from an optional extra, only in the isolated worker.
+BACKEND_TARGETS: dict[str, str] = {
+    "backend-outlines": "fuzz.targets.backends:OutlinesBackend",
+    "backend-xgrammar": "fuzz.targets.backends:XgrammarBackend",
+    "backend-guidance": "fuzz.targets.backends:GuidanceBackend",
+}
+
 
 def get_target(name: str) -> FuzzTarget:
     """The registered target ``name``, or ``package.module:Class`` (instantiated once and cached
@@ -47,6 +65,9 @@ def get_target(name: str) -> FuzzTarget:
     target = REGISTRY.get(name) or _LOADED.get(name)
     if target is not None:
         return target
+    if name in BACKEND_TARGETS:
+        _LOADED[name] = get_target(BACKEND_TARGETS[name])
+        return _LOADED[name]
     module_name, colon, attr = name.partition(":")
     if colon and module_name and attr:
         try:
@@ -56,4 +77,6 @@ def get_target(name: str) -> FuzzTarget:
         made: FuzzTarget = cls()
         _LOADED[name] = made
         return made
-    raise KeyError(f"unknown fuzz target {name!r}; choose one of {sorted(REGISTRY)}")
+    raise KeyError(
+        f"unknown fuzz target {name!r}; choose one of {sorted([*REGISTRY, *BACKEND_TARGETS])}"
+    )
