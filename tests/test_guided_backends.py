@@ -6,6 +6,7 @@ Decisions only (codes, the backend named, routes); nothing here times anything.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -252,3 +253,29 @@ def test_chat_completions_custom_tool_grammar_checked_like_responses() -> None:
     assert refusal(_custom('start: "yes" | "no"', "lark")) is None
     # and priced: a regex definition reaches the backends as a regex
     assert refusal(_custom("(.{1,3}){5}", "regex")) == (BACKEND_COST_CODE, "xgrammar")
+
+
+# ---- payloads/pinned: attacks and look-alikes for vLLM pinned to one backend ------------------
+
+PINNED = sorted((Path(__file__).resolve().parent.parent / "payloads" / "pinned").glob("*/*.yaml"))
+
+
+@pytest.mark.parametrize("path", PINNED, ids=[p.stem for p in PINNED])
+def test_pinned_payloads(path: Path) -> None:
+    from guard.pipeline import evaluate_body
+    from guard.policy import policy_from_yaml
+    from payloads import load_payload
+
+    backend = path.parent.name
+    policy = policy_from_yaml(f"limits:\n  guided:\n    backends: [{backend}]\n")
+    payload = load_payload(path)
+    verdict = evaluate_body(payload.body_bytes(), payload.endpoint, payload.header_items(), policy)
+    assert verdict.status == payload.expect.status, (verdict.code, verdict.rejection)
+    if payload.expect.code:
+        assert verdict.code == payload.expect.code
+        assert verdict.rejection is not None and verdict.rejection.message.startswith(backend)
+
+
+def test_pinned_payloads_exist_for_both_directions() -> None:
+    kinds = {(p.parent.name, p.stem[:2]) for p in PINNED}
+    assert {("outlines", "po"), ("xgrammar", "px")} <= kinds
