@@ -279,3 +279,25 @@ def test_pinned_payloads(path: Path) -> None:
 def test_pinned_payloads_exist_for_both_directions() -> None:
     kinds = {(p.parent.name, p.stem[:2]) for p in PINNED}
     assert {("outlines", "po"), ("xgrammar", "px")} <= kinds
+
+
+def test_outlines_estimate_prices_unicode_word_classes_and_wide_loops() -> None:
+    # measured at 32k: \w+ 0.13 s, \w+].*\w+@ 0.26 s, the fuzzed regex 1.06 s
+    assert outlines_cost("regex", r"\w+", 32768).compile_s >= 0.13
+    assert outlines_cost("regex", r"\w+].*\w+@", 32768).compile_s >= 0.26
+    fuzzed = r'b]*.*"b"\w_%*[a-zA-Z0-39.\w_%+-]+].*[a-zA-Z0-39.\w_%+-]+@{0,64}R0-4.-{2,}'
+    assert outlines_cost("regex", fuzzed, 32768).compile_s > 1.0
+    # wide loops in sequence stay cheap when there are few (email, url)
+    assert (
+        outlines_cost("regex", r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}", 32768).compile_s
+        < 0.2
+    )
+
+
+def test_outlines_bare_string_cliff_position() -> None:
+    # measured at 32k: maxLength 10 0.10 s, 14 1.02 s, 16 4.4 s
+    cost = {
+        n: outlines_cost("json", {"type": "string", "maxLength": n}, 32768).compile_s
+        for n in (10, 14, 16)
+    }
+    assert cost[10] < 1.0 < cost[14] < cost[16]

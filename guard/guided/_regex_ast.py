@@ -6,7 +6,8 @@ five node kinds: literal class, concatenation, alternation, repetition, empty. R
 atom are merged into one counted repetition (``[ab][ab][ab]`` is ``[ab]{3}``) so that spelling a
 count out does not hide it from the models. Character sets are ints: bits 0-127 are ASCII, bit
 128 "some non-ASCII", bit 129 "every non-ASCII code point", bit 130 "a Unicode category"
-(``\\d``, ``\\w``: scattered ranges, many UTF-8 automaton states).
+(``\\d``, ``\\w``: scattered ranges, many UTF-8 automaton states), bit 131 "the word
+category" (``\\w``, ``\\W``: the largest).
 
 Constructs the models cannot price (look-around, back-references, word boundaries) raise
 :class:`Unpriceable`; the caller decides what that means for each backend.
@@ -51,6 +52,7 @@ ASCII_MASK = (1 << 128) - 1
 _SOME_NA = 1 << 128
 _ALL_NA = 1 << 129
 _CATEGORY = 1 << 130
+_WORD_CATEGORY = 1 << 131  # \w / \W: the largest Unicode class, ~100 UTF-8 automaton states
 ANY_CS = ASCII_MASK | _SOME_NA | _ALL_NA
 _DOT = ANY_CS & ~(1 << 10)
 _PRINTABLE = ((1 << 127) - 1) ^ ((1 << 32) - 1)  # 0x20..0x7E
@@ -85,13 +87,13 @@ def _category(cat: Any) -> int:
     if cat is C.CATEGORY_DIGIT:
         return _DIGIT | _SOME_NA | _CATEGORY
     if cat is C.CATEGORY_WORD:
-        return _WORD_A | _SOME_NA | _CATEGORY
+        return _WORD_A | _SOME_NA | _CATEGORY | _WORD_CATEGORY
     if cat is C.CATEGORY_SPACE:
         return _SPACE_A | _SOME_NA | _CATEGORY
     if cat is C.CATEGORY_NOT_DIGIT:
         return (ASCII_MASK & ~_DIGIT) | _SOME_NA | _CATEGORY
     if cat is C.CATEGORY_NOT_WORD:
-        return (ASCII_MASK & ~_WORD_A) | _SOME_NA | _CATEGORY
+        return (ASCII_MASK & ~_WORD_A) | _SOME_NA | _CATEGORY | _WORD_CATEGORY
     if cat is C.CATEGORY_NOT_SPACE:
         return (ASCII_MASK & ~_SPACE_A) | _SOME_NA | _ALL_NA | _CATEGORY
     return ANY_CS
@@ -107,7 +109,7 @@ def _invert(mask: int) -> int:
         out |= _SOME_NA  # something non-ASCII is left
     if not mask & _SOME_NA:
         out |= _ALL_NA
-    return out | (mask & _CATEGORY)
+    return out | (mask & (_CATEGORY | _WORD_CATEGORY))
 
 
 def meets(a: int, b: int) -> bool:
