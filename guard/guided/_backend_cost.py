@@ -89,12 +89,13 @@ _WEIGHT_CAP = 1e12
 
 
 class _Acc:
-    __slots__ = ("log2", "multibyte", "why")
+    __slots__ = ("interval", "log2", "multibyte", "why")
 
     def __init__(self) -> None:
         self.log2 = 0.0
         self.multibyte = False
         self.why = ""
+        self.interval = 0.0  # counts re-entered as an interval (linear, but each state twice)
 
 
 def _consume(srcs: tuple[_Src, ...], cs: int) -> tuple[_Src, ...]:
@@ -194,6 +195,11 @@ def _deterministic(n: Node) -> bool:
     return _deterministic(body) and not (n.hi != n.lo and body.nullable)
 
 
+def s_key_nonstart(srcs: tuple[_Src, ...]) -> bool:
+    """Whether a real loop (not the implicit unanchored start) lingers here."""
+    return any(s.key != 0 for s in srcs)
+
+
 def _walk(n: Node, srcs: tuple[_Src, ...], acc: _Acc, weight: float) -> tuple[_Src, ...]:
     """Abstract interpretation of the determinisation: ``acc.log2`` collects ``log2`` of the
     state multiplier; ``weight`` is how many copies of ``n`` the automaton holds."""
@@ -221,6 +227,7 @@ def _walk(n: Node, srcs: tuple[_Src, ...], acc: _Acc, weight: float) -> tuple[_S
     single = x.kind == LIT
     ambiguous = False
     entry = 0
+    interval = False
     for s in srcs:
         if any(not meets(m, x.chars) for m in s.must):
             continue  # the entry path needs a character X cannot hold: one entry per run
@@ -229,8 +236,17 @@ def _walk(n: Node, srcs: tuple[_Src, ...], acc: _Acc, weight: float) -> tuple[_S
         if s.direct:
             if not single and meets(x.first, s.cls) and not _one_class(x, s.cls):
                 ambiguous, entry = True, entry | s.cls
-        elif meets(s.last, x.chars) and not (single and covers(s.last, x.chars)):
-            ambiguous, entry = True, entry | s.last
+            else:
+                interval = True
+        elif meets(s.last, x.chars):
+            if single and covers(s.last, x.chars):
+                interval = True
+            else:
+                ambiguous, entry = True, entry | s.last
+    if interval and s_key_nonstart(srcs):
+        # [a-z-]+-{649}: every run length of X is a state, walked by X's long tokens
+        # (1.08 s at 32k); priced as the count's positions once more
+        acc.interval += n.hi * weight
     if not ambiguous and x.minlen != x.maxlen and meets(x.last, x.first) and not _deterministic(x):
         ambiguous, entry = True, x.first
     if ambiguous:
@@ -288,6 +304,7 @@ def _regex_shape(root: Node) -> _Shape:
     exp_a = acc_a.log2 + (mb if acc_a.multibyte and acc_a.log2 > 0 else 0.0)
     exp_u = acc_u.log2 + (mb if acc_u.multibyte and acc_u.log2 > 0 else 0.0)
     narrow, broad = _positions(root)
+    narrow += min(acc_a.interval, 1e15)
     # Unbounded loops over wide classes stay alive together: the anchored DFA tracks which of
     # them a thread may still be in (measured: a fuzzed regex with four such loops and three
     # \w cost 1.1 s at 32k). One doubling of the anchored states per extra loop.
@@ -524,8 +541,8 @@ def outlines_cost(kind: str, spec: Any, vocab: int) -> Estimate:
 # ---- xgrammar ---------------------------------------------------------------------------------
 
 _X_FIXED_S = 0.002
-_X_WIDE_100 = 2.3e-7  # per copy (<= 100) x token: bounded repetition of a wide class
-_X_WIDE_2K = 2.5e-8  # per copy (<= 2000) x token
+_X_WIDE_100 = 2.55e-7  # per copy (the first 100) x token: bounded repetition of a wide class
+_X_WIDE_OVER = 8e-8  # per copy (101st to 2000th) x token ([r"-zA-Z*]{170,}: 0.93 s at 32k)
 _X_ENUM = 4.4e-9  # per enum value squared, at 32k tokens
 _X_CHOICE = 8.5e-9  # per choice squared
 _X_PROPS = 2.9e-5  # per optional property squared
@@ -573,8 +590,10 @@ class _XTerms:
 def _xgr_terms(n: Node, acc: _XTerms, outer: float) -> None:
     if n.kind == REP:
         body = n.kids[0]
-        if n.hi is not None and n.hi >= 2 and _wide(body.chars):
-            acc.wide.append(n.hi)
+        # an unbounded repetition unrolls its lower bound ([a-zA-Z]{170,}: 0.23 s at 32k)
+        count = n.hi if n.hi is not None else n.lo
+        if count >= 2 and _wide(body.chars):
+            acc.wide.append(count)
         amb = outer
         if (
             n.hi is not None
@@ -599,7 +618,7 @@ def _xgr_terms(n: Node, acc: _XTerms, outer: float) -> None:
 
 
 def _wide_cost(count: int, vocab: int) -> float:
-    return vocab * (_X_WIDE_100 * min(count, 100) + _X_WIDE_2K * min(count, 2000))
+    return vocab * (_X_WIDE_100 * min(count, 100) + _X_WIDE_OVER * max(0, min(count, 2000) - 100))
 
 
 def _xgr_regex(pattern: str, vocab: int, est: Estimate) -> None:
