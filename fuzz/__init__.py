@@ -4,7 +4,8 @@ Nothing outside the CLI layer, the benches and the tests imports this package. T
 :mod:`fuzz.targets` (what is fuzzed, with its budgets), :mod:`fuzz.oracle` (runs inputs under
 those budgets in a limited worker process), the engines (:mod:`fuzz.engines`, each called with
 one :class:`EngineRun`), minimisation and findings (:mod:`fuzz.minimize`, :mod:`fuzz.findings`),
-campaigns and reports (:mod:`fuzz.campaign`, :mod:`fuzz.report`).
+campaigns and reports (:mod:`fuzz.campaign`, :mod:`fuzz.report`), and campaigns against live
+servers, black-box or differential against a guard (:mod:`fuzz.live`).
 
 The public API is what this module exports. Apart from the exceptions, the names are imported
 on first use: the atheris harness imports this package before it instruments the targets, so
@@ -22,7 +23,9 @@ from fuzz._exceptions import (
     CostFinding,
     EngineUnavailable,
     InvariantViolation,
+    RemoteTargetRefused,
     SoftTimeout,
+    TargetUnreachable,
     WorkerError,
 )
 
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
         get_engine,
     )
     from fuzz.findings import Finding, FindingSet
+    from fuzz.live import LiveOptions, run_live_campaign
     from fuzz.oracle import Oracle, Outcome
     from fuzz.report import CampaignReport, write_reports
     from fuzz.targets import (
@@ -74,13 +78,16 @@ __all__ = [
     "FindingSet",
     "FuzzTarget",
     "InvariantViolation",
+    "LiveOptions",
     "Oracle",
     "Outcome",
     "Progress",
+    "RemoteTargetRefused",
     "ReplayResult",
     "RunOptions",
     "SoftTimeout",
     "TargetKind",
+    "TargetUnreachable",
     "WorkerError",
     "available_engines",
     "get_engine",
@@ -88,6 +95,7 @@ __all__ = [
     "replay_file",
     "replay_paths",
     "run_campaign",
+    "run_live_campaign",
     "write_reports",
 ]
 
@@ -110,6 +118,7 @@ _LAZY: dict[str, str] = {
         "fuzz.engines",
     ),
     **dict.fromkeys(("Finding", "FindingSet"), "fuzz.findings"),
+    **dict.fromkeys(("LiveOptions", "run_live_campaign"), "fuzz.live"),
     **dict.fromkeys(("Oracle", "Outcome"), "fuzz.oracle"),
     **dict.fromkeys(("CampaignReport", "write_reports"), "fuzz.report"),
     **dict.fromkeys(

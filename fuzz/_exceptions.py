@@ -16,8 +16,10 @@ __all__ = [
     "CostFinding",
     "EngineUnavailable",
     "InvariantViolation",
+    "RemoteTargetRefused",
     "RoundOver",
     "SoftTimeout",
+    "TargetUnreachable",
     "WorkerError",
 ]
 
@@ -31,6 +33,15 @@ class EngineUnavailable(RuntimeError):
 
 class WorkerError(RuntimeError):
     """The oracle's worker could not be started (the target failed to import or warm up)."""
+
+
+class RemoteTargetRefused(ValueError):
+    """A live campaign was pointed at a host that is not loopback without ``allow_remote``."""
+
+
+class TargetUnreachable(RuntimeError):
+    """A live server (target, guard or metrics endpoint) did not answer when the campaign
+    started, so there is nothing to fuzz."""
 
 
 # ------------------------------------------------------------------ raised by fuzz targets

@@ -2,7 +2,9 @@
 
 A cause is what makes two findings "the same bug" (:func:`cause_of`): a crash's exception type
 and innermost frame, or the resource that ran out (time: a timeout or the wall budget; memory:
-the ``RLIMIT_AS`` cap or the memory budget; steps; output tokens; cost per byte).
+the ``RLIMIT_AS`` cap or the memory budget; steps; output tokens; cost per byte); for live
+servers (:mod:`fuzz.live`) also a 5xx (status and message), an under-count (the request shape
+the guard does not count) and a false positive (the guard's code and the benign payload).
 :func:`record` keeps the first input per cause, minimises it with :func:`fuzz.minimize.ddmin`
 (the predicate: the oracle still reports the same cause), measures it again and, given a corpus
 root, saves it with :func:`payloads.writer.save_found` under ``<root>/found/<target>/``, with the
@@ -43,6 +45,10 @@ _MAX_TESTS = 2000
 def cause_of(outcome: Outcome) -> str:
     """The deduplication key of a finding (and the minimiser's notion of "same cause")."""
     v = outcome.verdict
+    if v == "server_error":  # a live server's 5xx: status and the normalised message
+        return f"5xx:{outcome.where or '-'}"
+    if v in ("undercount", "false_positive"):  # the differential campaign's (fuzz.live)
+        return f"{v}:{outcome.where or '-'}"
     if v in ("timeout",) or outcome.where == "budget:wall_s":
         return "time"
     if v == "oom" or outcome.where == "budget:mem_bytes":

@@ -31,8 +31,32 @@ from fuzz.targets._base import Budgets, Cost
 
 __all__ = ["FINDING_VERDICTS", "Oracle", "OracleVerdict", "Outcome", "classify"]
 
-OracleVerdict = Literal["ok", "rejected", "crash", "timeout", "oom", "budget", "cost_per_byte"]
-FINDING_VERDICTS: frozenset[str] = frozenset({"crash", "timeout", "oom", "budget", "cost_per_byte"})
+# The last three come from live targets (fuzz.live): a 5xx answer, an upstream cost above what
+# the guard accounted, a benign request the guard refuses that the upstream serves cheaply.
+OracleVerdict = Literal[
+    "ok",
+    "rejected",
+    "crash",
+    "timeout",
+    "oom",
+    "budget",
+    "cost_per_byte",
+    "server_error",
+    "undercount",
+    "false_positive",
+]
+FINDING_VERDICTS: frozenset[str] = frozenset(
+    {
+        "crash",
+        "timeout",
+        "oom",
+        "budget",
+        "cost_per_byte",
+        "server_error",
+        "undercount",
+        "false_positive",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,7 @@ def to_json(rep: CampaignReport) -> dict[str, Any]:
                 "findings": len(r.findings),
                 "best_cost": max((c for _, c in r.best_cost_over_time), default=0.0),
                 **({"errors": r.extra["errors"]} if r.extra.get("errors") else {}),
+                **({"stats": r.extra["stats"]} if r.extra.get("stats") else {}),
             }
             for r in rep.results
         ],
@@ -198,11 +199,23 @@ _RULES: dict[str, tuple[str, str]] = {
     ),
     "cost_per_byte": ("SuperLinearCost", "An input's cost per byte is above the threshold."),
     "crash": ("UnexpectedException", "An input raises an exception that is not a rejection."),
+    "5xx": ("ServerError", "A live server answers an input with a 5xx."),
+    "undercount": (
+        "CostUnderCounted",
+        "A request the guard admits costs the upstream more than the guard accounted.",
+    ),
+    "false_positive": (
+        "BenignRefused",
+        "The guard refuses a benign request that the upstream serves cheaply.",
+    ),
 }
+# Cause families whose causes carry particulars after the first colon (one rule each).
+_FAMILIES = ("crash", "5xx", "undercount", "false_positive")
 
 
 def _rule_id(cause: str) -> str:
-    return "crash" if cause.startswith("crash:") else cause
+    family = cause.split(":", 1)[0]
+    return family if family in _FAMILIES else cause
 
 
 def to_sarif(rep: CampaignReport) -> dict[str, Any]:
@@ -408,6 +421,8 @@ def to_summary(rep: CampaignReport, svg_name: str = "best_cost.svg") -> str:
             tf = "-" if r.time_to_first_finding_s is None else f"{r.time_to_first_finding_s:.2f}"
             lines.append(f"| {r.engine} | {r.execs:,} | {r.coverage} | {len(r.findings)} | {tf} |")
         lines.append("")
+    for r in rep.results:
+        lines += _stats_lines(r.extra.get("stats"))
     for name, why in rep.skipped.items():
         lines.append(f"- engine `{name}` skipped: {why}")
     if rep.skipped:
@@ -427,6 +442,22 @@ def to_summary(rep: CampaignReport, svg_name: str = "best_cost.svg") -> str:
         lines.append("")
     lines.append(f"Budgets per input: `{json.dumps(rep.budgets)}`")
     return "\n".join(lines) + "\n"
+
+
+def _stats_lines(stats: Any) -> list[str]:
+    """A live campaign's figures (requests, rate, answers, memory), as a table."""
+    if not isinstance(stats, dict) or not stats:
+        return []
+    lines = ["| live campaign | |", "|---|---|"]
+    for key, value in stats.items():
+        if value is None or value == {}:
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(
+                f"{k}: {v}" for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+            )
+        lines.append(f"| {key} | {str(value).replace('|', '/')} |")
+    return [*lines, ""]
 
 
 def write_reports(rep: CampaignReport, out_dir: Path) -> dict[str, Path]:

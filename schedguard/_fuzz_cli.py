@@ -6,6 +6,10 @@
   working files and the findings' payload files in ``--out`` (``out/fuzz/TARGET`` by default,
   under the current directory; ``--found-root`` puts the findings into a corpus instead); exit
   1 when a hardened or guard target has a finding;
+- ``fuzz run --target http://HOST:PORT [--guard http://GUARD] [--pid PID]... [--metrics URL]
+  ...``: the same against a live OpenAI-compatible server (:mod:`fuzz.live`): black-box, or
+  differential against a guard's dry run; exit 1 on a finding unless ``--expect-findings``,
+  2 when the server is not reachable or not on loopback (without ``--allow-remote``);
 - ``fuzz replay PATH... [--target NAME] [--json]``: re-run saved payload files; exit 1 when one
   is a finding on a hardened or guard target, 2 when a file cannot be replayed.
 """
@@ -105,7 +109,8 @@ def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--target",
         required=True,
         metavar="NAME",
-        help="a target from `schedguard fuzz list` (or package.module:Class)",
+        help="a target from `schedguard fuzz list` (or package.module:Class), or the base URL "
+        "of a live OpenAI-compatible server (http://127.0.0.1:8000): see the live options",
     )
     run.add_argument(
         "--engine",
@@ -162,6 +167,178 @@ def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="minimisation time per finding (default: a third of --duration, between 5 and 20)",
     )
     run.add_argument("--quiet", action="store_true", help="no progress line")
+    _add_live(run)
+
+
+def _add_live(run: argparse.ArgumentParser) -> None:
+    live = run.add_argument_group(
+        "live servers (--target http://HOST:PORT)",
+        "Fuzz a running server from outside: structure-aware OpenAI requests seeded from the "
+        "payload corpus; a crash, a hang, a 5xx, or latency or memory growth over the budget "
+        "is a finding. With --guard, every request is first judged by the guard's dry run "
+        "(POST /guard/v1/check), what it admits is sent to --target directly, and a cost above "
+        "the guard's accounting (usage.prompt_tokens over its prompt bound) is a finding, as is "
+        "a benign payload it refuses that the upstream serves cheaply. --engine does not apply.",
+    )
+    live.add_argument(
+        "--guard",
+        metavar="URL",
+        default=None,
+        help="a differential campaign: the guard in front of --target, asked for its verdict "
+        "on each request before the request goes to --target directly",
+    )
+    live.add_argument(
+        "--pid",
+        action="append",
+        type=_pid,
+        default=None,
+        metavar="PID",
+        help="a process whose resident memory, children included, is the server's (repeatable:"
+        " the upstream and the guard in front of it); 'auto': the one listening on --target's "
+        "port",
+    )
+    live.add_argument(
+        "--metrics",
+        metavar="URL",
+        default=None,
+        help="a Prometheus endpoint whose process_resident_memory_bytes is the server's memory",
+    )
+    live.add_argument(
+        "--health",
+        metavar="PATH",
+        default=None,
+        help="the server's health path (default: the first of /health, /healthz, /v1/models "
+        "that answers 200)",
+    )
+    live.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a host that is not loopback (the campaign sends thousands of hostile "
+        "requests: only against servers you own)",
+    )
+    live.add_argument(
+        "--max-rps",
+        type=_positive_float,
+        default=50.0,
+        metavar="R",
+        help="the campaign's own request rate, at most (every request it sends)",
+    )
+    live.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="no answer within this long is a hang",
+    )
+    live.add_argument(
+        "--max-latency",
+        type=_positive_float,
+        default=20.0,
+        metavar="SECONDS",
+        help="an answer slower than this is a finding (confirmed by sending it again alone)",
+    )
+    live.add_argument(
+        "--max-rss-growth-mb",
+        type=_positive_float,
+        default=512.0,
+        metavar="MB",
+        help="resident memory growth during one request above this is a finding (with --pid or "
+        "--metrics)",
+    )
+    live.add_argument(
+        "--model",
+        metavar="NAME",
+        default=None,
+        help="the model name to put in requests (default: the first of the server's /v1/models)",
+    )
+    live.add_argument(
+        "--header",
+        action="append",
+        type=_header,
+        default=None,
+        metavar="'NAME: VALUE'",
+        help="a header to send with every request (repeatable), e.g. 'Authorization: Bearer KEY'",
+    )
+    live.add_argument(
+        "--restart-cmd",
+        metavar="CMD",
+        default=None,
+        help="a shell command that starts the server again after it died, so that crashes are "
+        "minimised and the campaign goes on (without it the campaign waits --dead-wait, then "
+        "stops)",
+    )
+    live.add_argument(
+        "--dead-wait",
+        type=_positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for a server that went down to answer its health check again",
+    )
+    live.add_argument(
+        "--ignore-5xx",
+        action="append",
+        default=None,
+        metavar="REGEX",
+        help="a 5xx whose error message matches REGEX is this server's way of refusing invalid "
+        "input, not a finding (repeatable; llama-cpp-python answers validation errors with "
+        "500: 'validation error')",
+    )
+    live.add_argument(
+        "--expect-findings",
+        action="store_true",
+        help="the server is known to be vulnerable (unguarded): findings do not fail the run",
+    )
+    live.add_argument(
+        "--name",
+        metavar="NAME",
+        default=None,
+        help="the target's name in reports and payload files (default: from the URL)",
+    )
+    live.add_argument(
+        "--corpus",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the payload corpus the seeds come from (default: the package's payloads/)",
+    )
+    live.add_argument(
+        "--max-body-kb",
+        type=_positive_int,
+        default=1024,
+        metavar="KB",
+        help="the largest request body sent (larger seeds and children are left out)",
+    )
+    live.add_argument(
+        "--max-minimise-tests",
+        type=_positive_int,
+        default=200,
+        metavar="N",
+        help="requests the minimiser may send per finding",
+    )
+    live.add_argument(
+        "--stop-on-first",
+        action="store_true",
+        help="end at the first finding (what the time to first finding measures)",
+    )
+
+
+def _pid(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a process id or 'auto': {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, colon, value = text.partition(":")
+    if not colon or not name.strip():
+        raise argparse.ArgumentTypeError(f"not 'Name: value': {text!r}")
+    return name.strip(), value.strip()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,6 +389,10 @@ def _list(as_json: bool) -> int:
 def _run(args: argparse.Namespace) -> int:
     from fuzz import CampaignOptions, get_target, run_campaign
     from fuzz.findings import safe_target_name
+    from fuzz.live import is_url
+
+    if is_url(args.target):
+        return _run_live(args)
 
     try:
         get_target(args.target)
@@ -252,6 +433,84 @@ def _run(args: argparse.Namespace) -> int:
     print(f"reports in {out}/ (report.json, junit.xml, report.sarif, summary.md)")
     if report.exit_status:
         print(f"FAIL: {report.target} is a {report.kind} target and has findings", file=sys.stderr)
+    return report.exit_status
+
+
+def _run_live(args: argparse.Namespace) -> int:
+    import re
+
+    from fuzz import CampaignReport
+    from fuzz.live import (
+        LiveOptions,
+        RemoteTargetRefused,
+        TargetUnreachable,
+        live_target_name,
+        run_live_campaign,
+    )
+
+    for pattern in args.ignore_5xx or ():
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            print(f"fuzz run: --ignore-5xx {pattern!r}: {exc}", file=sys.stderr)
+            return 2
+    name = args.name or live_target_name(args.target)
+    out: Path = args.out if args.out is not None else DEFAULT_OUT / name
+    try:
+        report: CampaignReport = run_live_campaign(
+            LiveOptions(
+                target=args.target,
+                guard=args.guard,
+                duration_s=args.duration,
+                jobs=args.jobs,
+                seed=args.seed,
+                out_dir=out,
+                save_root=args.found_root,
+                save=not args.no_save,
+                minimise_s=args.minimise_s,
+                max_minimise_tests=args.max_minimise_tests,
+                max_rps=args.max_rps,
+                timeout_s=args.timeout,
+                latency_budget_s=args.max_latency,
+                rss_budget_bytes=int(args.max_rss_growth_mb * (1 << 20)),
+                pids=tuple(args.pid or ()),
+                metrics_url=args.metrics,
+                health_path=args.health,
+                allow_remote=args.allow_remote,
+                model=args.model,
+                headers=tuple(args.header or ()),
+                restart_cmd=args.restart_cmd,
+                ignore_5xx=tuple(args.ignore_5xx or ()),
+                expect_findings=args.expect_findings,
+                name=name,
+                corpus=args.corpus,
+                max_body_bytes=args.max_body_kb * 1024,
+                stop_on_first=args.stop_on_first,
+                dead_wait_s=args.dead_wait,
+                progress=None if args.quiet else sys.stderr,
+            )
+        )
+    except (RemoteTargetRefused, TargetUnreachable, ValueError) as exc:
+        print(f"fuzz run: {exc}", file=sys.stderr)
+        return 2
+    stats = report.results[0].extra.get("stats", {}) if report.results else {}
+    ttff = report.time_to_first_finding_s
+    print(
+        f"{report.target} ({report.kind}) {report.engine}: {report.execs:,} requests in "
+        f"{report.duration_s:.1f} s ({stats.get('requests_per_s', 0):.1f}/s), "
+        f"{len(report.findings)} finding(s)"
+        + ("" if ttff is None else f", first after {ttff:.2f} s")
+        + (f"; stopped: {stats['stopped']}" if stats.get("stopped") else "")
+    )
+    for f in report.findings:
+        c = f.cost_after
+        print(
+            f"  {f.cause}: {len(f.original)} -> {f.size_bytes} bytes, {c.time_s:.3f} s"
+            f" -> {f.path or '(not saved)'}"
+        )
+    print(f"reports in {out}/ (report.json, junit.xml, report.sarif, summary.md)")
+    if report.exit_status:
+        print(f"FAIL: {report.target} has findings", file=sys.stderr)
     return report.exit_status
 
 

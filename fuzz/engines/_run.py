@@ -196,6 +196,14 @@ class EngineRun:
                 self.found.append(found)
         return found
 
+    def add(self, finding: Finding, *, at: float) -> None:
+        """A finding recorded outside :meth:`record` (a live campaign confirms and minimises
+        against the server itself, :mod:`fuzz.live`), seen ``at`` seconds into the run."""
+        with self.lock:
+            if self.first_finding_s is None or at < self.first_finding_s:
+                self.first_finding_s = at
+            self.found.append(finding)
+
     # ----------------------------------------------------------------------------- result
 
     def result(

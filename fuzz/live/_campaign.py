@@ -1,0 +1,490 @@
+"""Campaigns against live servers: ``schedguard fuzz run --target http://HOST:PORT [--guard URL]``.
+
+A black-box campaign mutates OpenAI requests (:mod:`fuzz.live._mutator`), sends them to the
+server and judges each from outside (:mod:`fuzz.live._oracle`); a differential one asks a guard's
+dry run first and sends what it admits to the upstream directly. Both:
+
+- refuse hosts that are not loopback unless ``allow_remote``;
+- bound their own request rate (``max_rps``: fuzzed requests, dry runs, health checks and
+  minimisation tests alike);
+- check the server's health after every finding, and when it is down wait for it
+  (``dead_wait_s``), restart it (``restart_cmd``) or stop cleanly with the crash as a finding,
+  never spinning on a dead server;
+- run ``jobs`` workers that pause while a finding is confirmed and minimised, so the server
+  then sees only the minimiser's requests;
+- report through the run context every engine uses (:class:`fuzz.engines.EngineRun`) and the
+  same reports and exit status as in-process targets (:mod:`fuzz.report`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import psutil
+
+from fuzz._exceptions import TargetUnreachable
+from fuzz.campaign import ProgressLine, default_minimise_s
+from fuzz.engines._run import EngineRun, RunOptions
+from fuzz.findings import FindingSet, known_causes
+from fuzz.live._http import HttpClient, RateLimiter, require_loopback, split_url
+from fuzz.live._monitor import Health, RssMonitor
+from fuzz.live._mutator import RequestMutator, Scheduler
+from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured
+from fuzz.live._record import LiveRecorder
+from fuzz.live._request import LiveRequest, load_seeds
+from fuzz.live._target import LiveTarget
+from fuzz.oracle import Oracle
+from fuzz.report import CampaignReport, write_reports
+from fuzz.targets._base import TargetKind
+
+__all__ = ["Gate", "LiveOptions", "find_listener", "is_url", "run_live_campaign"]
+
+_PROGRESS_EVERY_S = 0.5
+
+
+def is_url(target: str) -> bool:
+    """Whether ``--target`` names a live server rather than a registered target."""
+    return target.startswith(("http://", "https://"))
+
+
+@dataclass
+class LiveOptions:
+    """A live campaign. ``target``: the server's base URL (the upstream in a differential
+    campaign); ``guard``: the guard's base URL (a differential campaign); ``pids``: processes
+    whose resident memory (children included) is the server's, ``"auto"`` for the one
+    listening on the target's port; ``ignore_5xx``: regular expressions of 5xx messages that are
+    this server's refusals of invalid input; ``restart_cmd``: a shell command that brings the
+    server back after it died (lets crashes be minimised and the campaign go on);
+    ``expect_findings``: the server is known to be vulnerable (findings do not fail)."""
+
+    target: str
+    guard: str | None = None
+    duration_s: float = 60.0
+    jobs: int = 1
+    seed: int | None = None
+    out_dir: Path | None = None
+    save_root: Path | None = None
+    save: bool = True
+    minimise_s: float | None = None
+    max_minimise_tests: int = 200
+    max_rps: float = 50.0
+    timeout_s: float = 60.0
+    latency_budget_s: float = 20.0
+    rss_budget_bytes: int = 512 << 20
+    pids: tuple[int | str, ...] = ()
+    metrics_url: str | None = None
+    health_path: str | None = None
+    allow_remote: bool = False
+    model: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    restart_cmd: str | None = None
+    max_restarts: int = 20
+    ignore_5xx: tuple[str, ...] = ()
+    expect_findings: bool = False
+    name: str | None = None
+    corpus: Path | None = None
+    max_body_bytes: int = 1 << 20
+    output_cap: int = 16
+    stop_on_first: bool = False
+    dead_wait_s: float = 30.0
+    progress: TextIO | None = field(default_factory=lambda: sys.stderr)
+
+
+class Gate:
+    """Workers send under :meth:`shared`; :meth:`exclusive` waits until none is sending and
+    holds the others back (a finding being confirmed and minimised)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._exclusive = True
+            while self._active:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+def find_listener(port: int) -> int | None:
+    """The process listening on TCP ``port`` on this machine, if it can be seen."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            return int(c.pid)
+    return None
+
+
+def _discover_model(client: HttpClient) -> str | None:
+    reply = client.get("/v1/models", timeout_s=10.0)
+    doc = reply.json() if reply.status == 200 else None
+    if isinstance(doc, dict) and isinstance(doc.get("data"), list) and doc["data"]:
+        first = doc["data"][0]
+        if isinstance(first, dict) and isinstance(first.get("id"), str):
+            return str(first["id"])
+    return None
+
+
+class _Live:
+    """One campaign's state (built and run by :func:`run_live_campaign`)."""
+
+    def __init__(self, opts: LiveOptions) -> None:
+        self.opts = opts
+        for url in (opts.target, opts.guard, opts.metrics_url):
+            if url is not None:
+                require_loopback(url, allow_remote=opts.allow_remote)
+        self.limiter = RateLimiter(opts.max_rps)
+        headers = dict(opts.headers)
+        self.upstream = HttpClient(
+            opts.target, limiter=self.limiter, timeout_s=opts.timeout_s, headers=headers
+        )
+        self.guard = (
+            HttpClient(opts.guard, limiter=self.limiter, timeout_s=opts.timeout_s, headers=headers)
+            if opts.guard
+            else None
+        )
+        self.health = Health(self.upstream, opts.health_path)
+        self.guard_health = Health(self.guard, None) if self.guard is not None else None
+        if not self.health.detect():
+            raise TargetUnreachable(f"{opts.target} does not answer its health check")
+        if self.guard_health is not None and not self.guard_health.detect():
+            raise TargetUnreachable(f"{opts.guard} does not answer its health check")
+        self.metrics: HttpClient | None = None
+        metrics_path = ""
+        if opts.metrics_url:
+            scheme, host, port, path = split_url(opts.metrics_url)
+            self.metrics = HttpClient(f"{scheme}://{host}:{port}", limiter=self.limiter)
+            metrics_path = path or "/metrics"
+        self.auto_pids = "auto" in opts.pids
+        self.monitor = RssMonitor(self._pids(), self.metrics, metrics_path)
+        patterns = tuple(re.compile(p) for p in opts.ignore_5xx)
+        self.budgets = LiveBudgets(
+            timeout_s=opts.timeout_s,
+            latency_s=opts.latency_budget_s,
+            rss_bytes=opts.rss_budget_bytes,
+            ignore_5xx=patterns,
+        )
+        self.oracle = LiveOracle(
+            self.upstream,
+            self.budgets,
+            monitor=self.monitor,
+            health=self.health,
+            guard=self.guard,
+            guard_health=self.guard_health,
+        )
+        self.model = opts.model or _discover_model(self.upstream)
+        seeds = load_seeds(opts.corpus, max_bytes=opts.max_body_bytes)
+        self.mutator = RequestMutator(
+            seeds,
+            model=self.model,
+            differential=self.guard is not None,
+            output_cap=opts.output_cap,
+            max_body_bytes=opts.max_body_bytes,
+        )
+        self.scheduler = Scheduler(
+            self.mutator, self.mutator.seeds, benign_parents=0.8 if self.guard is not None else 0.3
+        )
+        kind: TargetKind = "vulnerable" if opts.expect_findings else "hardened"
+        self.target = LiveTarget(
+            opts.target,
+            self.oracle,
+            self.mutator,
+            self.budgets,
+            name=opts.name,
+            kind=kind,
+            guard=opts.guard,
+        )
+        self.gate = Gate()
+        self.stop = threading.Event()
+        self.stopped: str | None = None
+        self.restarts = 0
+        self.gave_up = False
+        self.stats: Counter[str] = Counter()
+        self.statuses: Counter[str] = Counter()
+        self.guard_codes: Counter[str] = Counter()
+        self.worst_latency = 0.0
+        self.max_excess: int | None = None
+        self.stats_lock = threading.Lock()
+        self.progress = ProgressLine(opts.progress, self.target.name)
+        self.rss_start = 0
+        self.recorder: LiveRecorder | None = None
+
+    # ------------------------------------------------------------------------- processes
+
+    def _pids(self) -> list[int]:
+        pids: list[int] = []
+        for p in self.opts.pids:
+            if p == "auto":
+                found = find_listener(split_url(self.opts.target)[2])
+                if found is None:
+                    raise TargetUnreachable(
+                        f"--pid auto: no process visible listening on {self.opts.target}"
+                    )
+                pids.append(found)
+            else:
+                pids.append(int(p))
+        for pid in pids:
+            if not psutil.pid_exists(pid):
+                raise TargetUnreachable(f"--pid {pid}: no such process")
+        return pids
+
+    def recover(self) -> bool:
+        """Bring the server back (or see it back) after it went down; False: it stays down."""
+        if self.oracle.alive():
+            return True
+        cmd = self.opts.restart_cmd
+        if cmd and self.restarts < self.opts.max_restarts:
+            self.restarts += 1
+            self.note(f"the target is down: restarting it ({self.restarts}): {cmd}")
+            try:
+                subprocess.run(
+                    cmd,
+                    shell=True,
+                    timeout=max(60.0, self.opts.dead_wait_s),
+                    check=False,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            except subprocess.TimeoutExpired:
+                return False
+            if not self.health.wait(self.opts.dead_wait_s):
+                return False
+            if self.auto_pids:
+                with contextlib.suppress(TargetUnreachable):
+                    self.monitor.rebind(self._pids())
+            else:
+                self.monitor.rebind([p for p in self.monitor.pids if psutil.pid_exists(p)])
+            return True
+        if self.gave_up:
+            return False  # waited once already: the campaign is stopping
+        if cmd:
+            self.note(f"the target is down and was restarted {self.restarts} times already")
+        self.note(f"the target is down: waiting up to {self.opts.dead_wait_s:g} s for it")
+        ok = self.health.wait(self.opts.dead_wait_s) and self.monitor.alive()
+        self.gave_up = not ok
+        return ok
+
+    # ------------------------------------------------------------------------------ loop
+
+    def note(self, text: str) -> None:
+        self.progress.note(f"[{self.target.name}] {text}")
+
+    def run(self) -> CampaignReport:
+        opts = self.opts
+        engine = "differential" if self.guard is not None else "live"
+        save_root = (opts.save_root or opts.out_dir) if opts.save else None
+        known = known_causes(self.target.name, save_root) if save_root is not None else {}
+        findings = FindingSet(known)
+        options = RunOptions(
+            duration_s=opts.duration_s,
+            jobs=opts.jobs,
+            out_dir=opts.out_dir,
+            seed=opts.seed,
+            minimise_s=(
+                opts.minimise_s
+                if opts.minimise_s is not None
+                else default_minimise_s(opts.duration_s)
+            ),
+            save_root=save_root,
+            stop_on_first=opts.stop_on_first,
+        )
+
+        def no_oracle() -> Oracle:
+            raise RuntimeError("a live campaign sends its requests itself")
+
+        run = EngineRun(
+            self.target,
+            no_oracle,
+            options,
+            engine=engine,
+            findings=findings,
+            on_progress=self.progress,
+        )
+        self.recorder = LiveRecorder(
+            self.oracle,
+            findings,
+            target=self.target.name,
+            engine=engine,
+            recover=self.recover,
+            save_root=save_root,
+            seed=opts.seed,
+            minimise_s=options.minimise_s,
+            max_tests=opts.max_minimise_tests,
+            note=self.note,
+        )
+        if self.model:
+            self.note(f"model {self.model}; health {self.health.path}")
+        self.monitor.start()
+        self.rss_start = self.monitor.current()
+        seed = opts.seed if opts.seed is not None else random.randrange(2**32)
+        threads = [
+            threading.Thread(target=self._worker, args=(run, seed + i), daemon=True)
+            for i in range(opts.jobs)
+        ]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.5)
+        except KeyboardInterrupt:
+            self.stop.set()
+            self.stopped = "interrupted"
+            for t in threads:
+                t.join(timeout=opts.timeout_s + 5)
+        finally:
+            self.monitor.stop()
+        run.report()
+        self.progress.done()
+        result = run.result(stats=self._stats(run))
+        report = CampaignReport(
+            target=self.target.name,
+            kind=self.target.kind,
+            description=self.target.description,
+            engine=engine,
+            duration_s=result.duration_s,
+            budgets={**self.budgets.to_dict(), "max_rps": opts.max_rps},
+            results=[result],
+            findings=list(findings.findings),
+            fails_ci=self.target.kind not in ("vulnerable",),
+            seed=opts.seed,
+            jobs=opts.jobs,
+            source=self.target.source,
+        )
+        for client in (self.upstream, self.guard, self.metrics):
+            if client is not None:
+                client.close()
+        if opts.out_dir is not None:
+            write_reports(report, opts.out_dir)
+        return report
+
+    def _worker(self, run: EngineRun, seed: int) -> None:
+        rng = random.Random(seed)
+        while not self.stop.is_set() and not run.over():
+            try:
+                req = self.scheduler.next(rng)
+                with self.gate.shared():
+                    if self.stop.is_set() or run.over():
+                        break
+                    measured = self.oracle.run(req)
+                run.executed(measured.outcome)
+                self._count(measured)
+                if measured.outcome.is_finding:
+                    with self.gate.exclusive():
+                        self._finding(run, req, measured)
+                else:
+                    self.scheduler.feedback(req, measured.score)
+            except Exception as exc:  # a harness error is reported, the campaign goes on
+                run.error(exc)
+                time.sleep(0.1)
+            run.report(every_s=_PROGRESS_EVERY_S)
+
+    def _finding(self, run: EngineRun, req: LiveRequest, measured: Measured) -> None:
+        if self.stop.is_set():
+            return
+        at = run.elapsed()
+        assert self.recorder is not None
+        found = self.recorder.consider(req, measured, at)
+        self.scheduler.ban(req)
+        if found is not None:
+            run.add(found, at=at)
+            self.note(f"finding {found.cause} ({found.size_bytes} bytes) -> {found.path or '-'}")
+            if self.opts.stop_on_first:
+                self.stopped = "first finding"
+                self.stop.set()
+        # The target's health after every finding: wait for it, restart it, or stop.
+        if not self.recover():
+            self.stopped = "the target is down"
+            self.note("the target is down and did not come back: stopping")
+            self.stop.set()
+        elif self.guard_health is not None and not self.guard_health.ok():
+            self.stopped = "the guard is down"
+            self.note("the guard is down: stopping")
+            self.stop.set()
+
+    def _count(self, m: Measured) -> None:
+        with self.stats_lock:
+            self.stats[m.outcome.verdict] += 1
+            if m.reply is not None:
+                self.statuses[str(m.reply.status or m.reply.error)] += 1
+                self.worst_latency = max(self.worst_latency, m.reply.latency_s)
+            if m.guard is not None:
+                code = "allowed" if m.guard.get("allowed") else str(m.guard.get("code"))
+                self.guard_codes[code] += 1
+            if m.extra.get("usage") is not None and m.guard is not None and m.guard.get("allowed"):
+                self.max_excess = (
+                    m.excess if self.max_excess is None else max(self.max_excess, m.excess)
+                )
+
+    def _stats(self, run: EngineRun) -> dict[str, Any]:
+        elapsed = max(run.elapsed(), 1e-9)
+        rec = self.recorder
+        assert rec is not None
+        return {
+            "requests": run.execs,
+            "requests_per_s": round(run.execs / elapsed, 2),
+            "http_requests": self.limiter.sent,
+            "max_rps": self.opts.max_rps,
+            "verdicts": dict(self.stats),
+            "statuses": dict(self.statuses),
+            "guard_verdicts": dict(self.guard_codes),
+            "worst_latency_s": round(self.worst_latency, 3),
+            "rss_start_bytes": self.rss_start,
+            "rss_peak_bytes": self.monitor.peak,
+            "max_prompt_token_excess": self.max_excess,
+            "duplicates": dict(rec.duplicates),
+            "unconfirmed": rec.unconfirmed,
+            "minimise_tests": rec.minimise_tests,
+            "findings_s": round(rec.busy_s, 1),
+            "health_checks": self.health.checks,
+            "health_path": self.health.path,
+            "restarts": self.restarts,
+            "stopped": self.stopped,
+            "model": self.model,
+            "seeds": len(self.mutator.seeds),
+            "target_url": self.opts.target,
+            "guard_url": self.opts.guard,
+        }
+
+
+def run_live_campaign(opts: LiveOptions) -> CampaignReport:
+    """Run one campaign against a live server (see the module docstring). Raises
+    :class:`fuzz.RemoteTargetRefused` for a remote host without ``allow_remote`` and
+    :class:`fuzz.TargetUnreachable` when a server does not answer at start."""
+    return _Live(opts).run()
