@@ -14,7 +14,8 @@ backend (vLLM pinned to it) and ``vocab_size`` the vocabulary's; a refusal is th
 rejection (cheap, not a finding). Only what the guard admits reaches the backend, so the
 cost-guided search climbs the backend's compile cost over admitted inputs, and a finding (over
 the 1 s CPU / 256 MiB budget, or a per-token mask over 0.05 s) is a guard bypass for that
-backend. ``SCHEDGUARD_BACKENDS_POLICY=auto`` judges with the default (``auto``) policy instead.
+backend. ``SCHEDGUARD_BACKENDS_POLICY=auto`` judges with the default (``auto``) policy instead;
+``off`` leaves the backend cost check out (to measure the backends, bench/guided_backends.py).
 
 Input: the constraint kind on the first line (``regex``, ``json``, ``choice``, ``grammar``), the
 constraint after it (a JSON schema or a JSON list of choices as text). A finding is filed as a
@@ -190,8 +191,11 @@ class _BackendTarget(TargetBase):
 
             self._vocab = vocab = load_vocab()
             backends: tuple[Any, ...] = (self.backend,)
-            if os.environ.get("SCHEDGUARD_BACKENDS_POLICY") == "auto":
+            mode = os.environ.get("SCHEDGUARD_BACKENDS_POLICY")
+            if mode == "auto":
                 backends = ("xgrammar", "guidance", "outlines")
+            elif mode == "off":  # measuring the backend itself (bench/guided_backends.py)
+                backends = ()
             self._limits = GuidedLimits(backends=backends, vocab_size=vocab.size)
             self._env = self._setup(vocab)
         return self._env

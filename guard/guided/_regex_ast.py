@@ -15,6 +15,7 @@ Constructs the models cannot price (look-around, back-references, word boundarie
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from typing import Any
@@ -59,6 +60,8 @@ _PRINTABLE = ((1 << 127) - 1) ^ ((1 << 32) - 1)  # 0x20..0x7E
 _UPPER = ((1 << 26) - 1) << 65
 _LOWER = ((1 << 26) - 1) << 97
 _MAX_COUNT = 1 << 30
+_IGNORECASE = int(re.IGNORECASE)
+_DOTALL = int(re.DOTALL)
 
 
 class Unpriceable(Exception):
@@ -182,7 +185,7 @@ def _in_items(items: Any, flags: int) -> int:
             acc |= _lit_cs(av, flags)
         elif op is C.RANGE:
             acc |= _rng(av[0], av[1])
-            if flags & re.IGNORECASE:
+            if flags & _IGNORECASE:
                 acc = _fold(acc)
         elif op is C.CATEGORY:
             acc |= _category(av)
@@ -193,7 +196,7 @@ def _in_items(items: Any, flags: int) -> int:
 
 def _lit_cs(c: int, flags: int) -> int:
     s = _rng(c, c)
-    return _fold(s) if flags & re.IGNORECASE else s
+    return _fold(s) if flags & _IGNORECASE else s
 
 
 def _count(value: int) -> int | None:
@@ -208,14 +211,14 @@ def _from_sre(sub: Any, flags: int) -> Node:
         elif op is C.NOT_LITERAL:
             items.append(Node(LIT, cs=_invert(_rng(av, av))))
         elif op is C.ANY:
-            items.append(Node(LIT, cs=ANY_CS if flags & re.DOTALL else _DOT))
+            items.append(Node(LIT, cs=ANY_CS if flags & _DOTALL else _DOT))
         elif op is C.IN:
             items.append(Node(LIT, cs=_in_items(av, flags)))
         elif op is C.BRANCH:
             items.append(Node(ALT, kids=[_from_sre(b, flags) for b in av[1]]))
         elif op is C.SUBPATTERN:
             _group, add, delete, p = av
-            items.append(_from_sre(p, (flags | add) & ~delete))
+            items.append(_from_sre(p, (flags | int(add)) & ~int(delete)))
         elif op in _REPEATS:
             lo, hi, p = av
             items.append(Node(REP, kids=[_from_sre(p, flags)], lo=_count(lo) or 0, hi=_count(hi)))
@@ -327,9 +330,11 @@ def _attrs(n: Node) -> Node:
     return n
 
 
+@functools.lru_cache(maxsize=512)
 def parse_regex(pattern: str) -> Node:
     """The pattern's AST with attributes; :class:`Unpriceable` when it cannot be priced (or
-    Python's parser does not read it: Rust-only syntax such as ``\\p{L}``)."""
+    Python's parser does not read it: Rust-only syntax such as ``\\p{L}``). Cached: tools and
+    clients repeat the same patterns; the tree is never modified after it is built."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "possible nested set" on [[:alpha:]]
