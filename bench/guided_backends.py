@@ -71,9 +71,10 @@ def measure(backends: list[str]) -> dict[str, Any]:
     for backend in backends:
         budgets = Budgets(wall_s=5.0, mem_bytes=1 << 30)
         with Oracle(f"backend-{backend}", isolate=True, budgets=budgets) as oracle:
-            for group, cid, kind, spec in cases:
+            for _group, cid, kind, spec in cases:
                 out = oracle.run(join_input(kind, spec))
                 c = out.cost
+                cell: dict[str, Any]
                 if out.verdict in ("ok", "budget"):
                     cell = {"cpu_s": round(c.busy_s, 4), "mem_mb": round(c.peak_mem_bytes / 2**20)}
                 elif out.verdict == "rejected":
@@ -82,7 +83,7 @@ def measure(backends: list[str]) -> dict[str, Any]:
                     cell = {"failed": out.verdict, "why": (out.error_message or "")[:80]}
                 rows["cases"][cid][backend] = cell
                 print(backend, cid, cell, file=sys.stderr, flush=True)
-    for group, cid, kind, spec in cases:
+    for _group, cid, kind, spec in cases:
         rows["cases"][cid]["guard"] = verdicts(kind, spec, vocab.size)
     return rows
 
@@ -136,9 +137,9 @@ def merge(paths: list[str]) -> int:
             measured_over = any(o for o in over if o is not None)
             if g[p] == "admit" and measured_over:
                 bypasses.append(f"{cid} under {p}")
-            if row["group"] == "benign" and g[p] != "admit" and not measured_over:
-                if all(b in row for b in reach):
-                    false_refusals.append(f"{cid} under {p}: {g[p]}")
+            measured_all = all(b in row for b in reach)
+            if row["group"] == "benign" and g[p] != "admit" and not measured_over and measured_all:
+                false_refusals.append(f"{cid} under {p}: {g[p]}")
     print(f"\nadmitted over budget: {len(bypasses)} {bypasses}")
     print(f"benign refused although within budget: {len(false_refusals)} {false_refusals}")
     return 1 if bypasses else 0

@@ -22,9 +22,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from guard.errors import GuardError  # noqa: E402
-from guard.guided import GuidedLimits, check_structured_outputs  # noqa: E402
-from guard.guided._regex_ast import parse_regex  # noqa: E402
+from guard.errors import GuardError
+from guard.guided import GuidedLimits, check_structured_outputs
+from guard.guided._regex_ast import parse_regex
 
 MSG = [{"role": "user", "content": "hi"}]
 
