@@ -115,23 +115,33 @@ def median_us(body: dict[str, Any], limits: GuidedLimits, repeat: int) -> tuple[
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--sizes", default="1,2,4,8,16", help="body sizes in KB")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args()
     full, off = GuidedLimits(), GuidedLimits(backends=())
-    print("| shape | KB | check (µs) | µs/KB | without backend costs (µs) | verdict |")
-    print("|---|---|---|---|---|---|")
+
+    def out(text: str) -> None:
+        if not args.json:
+            print(text)
+
+    out("| shape | KB | check (µs) | µs/KB | without backend costs (µs) | verdict |")
+    out("|---|---|---|---|---|---|")
     worst16 = 0.0
+    rows: list[dict[str, Any]] = []
     for name, make in SHAPES.items():
-        for kb in (1, 2, 4, 8, 16):
+        for kb in (int(x) for x in args.sizes.split(",")):
             body = sized(make, kb * 1024)
             size = len(json.dumps(body)) / 1024
             us, verdict = median_us(body, full, args.repeat)
             us_off, _ = median_us(body, off, args.repeat)
             if kb == 16:
                 worst16 = max(worst16, us)
-            print(
-                f"| {name} | {size:.1f} | {us:.0f} | {us / size:.0f} | {us_off:.0f} | {verdict} |"
-            )
-    print(f"\nworst at 16 KB: {worst16 / 1000:.2f} ms (target < 1 ms)")
+            out(f"| {name} | {size:.1f} | {us:.0f} | {us / size:.0f} | {us_off:.0f} | {verdict} |")
+            row = {"shape": name, "kb": round(size, 2), "us": round(us)}
+            rows.append({**row, "us_without_backends": round(us_off), "verdict": verdict})
+    out(f"\nworst at 16 KB: {worst16 / 1000:.2f} ms (target < 1 ms)")
+    if args.json:
+        print(json.dumps({"rows": rows, "worst_16kb_ms": round(worst16 / 1000, 3)}))
     return 0
 
 

@@ -56,6 +56,12 @@ BENCHES: dict[str, Bench] = {
         keys=frozenset({"limits", "runs", "rows"}),
         row_keys=frozenset({"body", "kind", "bytes", "outcome", "parse_json_body_mb_s"}),
     ),
+    "guided_check.py": Bench(
+        ("--repeat", "1", "--sizes", "1,2", "--json"),
+        json_on_stdout=True,
+        keys=frozenset({"rows", "worst_16kb_ms"}),
+        row_keys=frozenset({"shape", "kb", "us", "us_without_backends", "verdict"}),
+    ),
 }
 
 
@@ -63,6 +69,10 @@ BENCHES: dict[str, Bench] = {
 COVERED_ELSEWHERE: dict[str, str] = {
     "gateway.py": "tests/test_bench_gateway.py runs it with --quick (it needs wrk)",
     "fuzz_proof.py": "issue 4's 4-minute proof campaign; its engine is tested in test_fuzz_search.py",
+    "guided_backends.py": "issue 16's calibration table, minutes of real backend compiles at a 32k "
+    "vocabulary; its targets are tested in test_fuzz_backends.py",
+    "guided_vllm.py": "issue 16's floods against a real vLLM (set up by scripts/upstreams, ~15 "
+    "minutes); run by hand",
 }
 
 
