@@ -256,6 +256,9 @@ def test_judge_verdicts() -> None:
     assert judge(Reply(400, b"{}"), Cost(), budgets, alive).verdict == "rejected"
     err = judge(Reply(503, b'{"error":{"code":"upstream_unavailable"}}'), Cost(), budgets, alive)
     assert (err.verdict, err.where) == ("server_error", "503:upstream_unavailable")
+    behind = judge(Reply(502, b'{"error":{"code":"upstream_error"}}'), Cost(), budgets, dead)
+    assert (behind.verdict, behind.where) == ("crash", "server:died")
+    assert judge(Reply(504, b"{}"), Cost(), budgets, alive).verdict == "timeout"
 
 
 def test_nest_grammar() -> None:

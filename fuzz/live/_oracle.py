@@ -3,7 +3,8 @@
 Black-box (:meth:`LiveOracle.run` without a guard): the request goes to the target; the
 verdict, in precedence order, is ``crash`` (no answer and the server is gone: its health
 endpoint does not answer or a watched process died; or the connection dropped without an
-answer), ``timeout`` (no answer within the timeout: a hang), ``server_error`` (a 5xx, unless
+answer; or a gateway's 502/503 while a watched process behind it died), ``timeout`` (no
+answer within the timeout, or a gateway's 504: a hang), ``server_error`` (a 5xx, unless
 its message matches one of the patterns the caller calls this server's way of refusing invalid
 input), ``budget`` (latency or resident-memory growth over the budget), ``rejected`` (a 4xx)
 and ``ok``.
@@ -304,6 +305,13 @@ def judge(reply: Reply, cost: Cost, budgets: LiveBudgets, alive: Callable[[], bo
         msg = f"the connection ended without an answer ({reply.error_message()})"
         return Outcome("crash", cost, "ConnectionDropped", msg, "connection:dropped")
     status = reply.status
+    if status in (502, 503) and not alive():
+        # A gateway (the guard) answering for a server behind it that died on this request.
+        msg = f"{status} from the gateway and the server behind it is gone: {reply.error_message()}"
+        return Outcome("crash", cost, "ServerDied", msg[:2000], "server:died")
+    if status == 504:
+        msg = f"504 from the gateway: the server behind it did not answer ({reply.error_message()})"
+        return Outcome("timeout", cost, "Timeout", msg[:2000], "timeout")
     if status >= 500:
         message = reply.error_message()
         if any(p.search(message) for p in budgets.ignore_5xx):
