@@ -89,13 +89,14 @@ _WEIGHT_CAP = 1e12
 
 
 class _Acc:
-    __slots__ = ("interval", "log2", "multibyte", "why")
+    __slots__ = ("concurrent", "interval", "log2", "multibyte", "why")
 
     def __init__(self) -> None:
         self.log2 = 0.0
         self.multibyte = False
         self.why = ""
         self.interval = 0.0  # counts re-entered as an interval (linear, but each state twice)
+        self.concurrent = 0.0  # log2 of the states multiplied by threads still before a count
 
 
 def _consume(srcs: tuple[_Src, ...], cs: int) -> tuple[_Src, ...]:
@@ -195,6 +196,10 @@ def _deterministic(n: Node) -> bool:
     return _deterministic(body) and not (n.hi != n.lo and body.nullable)
 
 
+def _wide_class(cs: int) -> bool:
+    return ascii_printable(cs) >= _BROAD_MIN or multibyte(cs)
+
+
 def s_key_nonstart(srcs: tuple[_Src, ...]) -> bool:
     """Whether a real loop (not the implicit unanchored start) lingers here."""
     return any(s.key != 0 for s in srcs)
@@ -248,6 +253,17 @@ def _walk(n: Node, srcs: tuple[_Src, ...], acc: _Acc, weight: float) -> tuple[_S
                 interval = True
             else:
                 ambiguous, entry = True, entry | s.last
+    if not ambiguous:
+        # A wide loop still alive lets new threads start while one counts through X: blocked
+        # from entering X, they can still sit anywhere before it that X's characters allow
+        # (.*[a%+-]root ::= +B@[a-zA-Z8-9.-]+\.[a-zA-Z]{32,}: 1.19 s at 32k). Each such
+        # position multiplies the anchored states.
+        sitting = 0
+        for s in srcs:
+            if s.key != 0 and meets(s.cls, x.chars) and _wide_class(s.cls):
+                sitting = max(sitting, sum(1 for m in s.must if meets(m, x.chars)))
+        if sitting:
+            acc.concurrent += math.log2(1 + sitting)
     if interval and s_key_nonstart(srcs):
         # [a-z-]+-{649}: every run length of X is a state, walked by X's long tokens
         # (1.08 s at 32k); priced as the count's positions once more
@@ -313,7 +329,7 @@ def _regex_shape(root: Node) -> _Shape:
     # Unbounded loops over wide classes stay alive together: the anchored DFA tracks which of
     # them a thread may still be in (measured: a fuzzed regex with four such loops and three
     # \w cost 1.1 s at 32k). One doubling of the anchored states per extra loop.
-    loops = min(16, max(0, _broad_loops(root) - 1))
+    loops = min(40, max(0, _broad_loops(root) - 1) + round(acc_a.concurrent + 0.5))
     return _Shape(exp_a, exp_u, narrow, broad, acc_a.why or acc_u.why, loops)
 
 
