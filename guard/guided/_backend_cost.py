@@ -651,7 +651,7 @@ def _xgr_regex(pattern: str, vocab: int, est: Estimate) -> None:
     except Unpriceable:
         # Priced as if every {m,n} were over a wide class (xgrammar has no look-around: such
         # a regex goes elsewhere or is refused).
-        for m in re.finditer(r"\{(\d{1,9})(?:,(\d{0,9}))?\}", pattern):
+        for m in re.finditer(r"\{(\d{1,12})(?:,(\d{0,12}))?\}", pattern):
             count = int(m.group(2) or m.group(1))
             est.compile_s += _wide_cost(count, vocab)
         return
@@ -743,7 +743,7 @@ def guidance_cost(kind: str, spec: Any, vocab: int) -> Estimate:
     elif kind == "choice" and isinstance(spec, list):
         est.compile_s += _G_CHOICE * len(spec)
     if kind in ("regex", "grammar") and isinstance(spec, str):
-        for m in re.finditer(r"\{(\d{1,9})(?:,(\d{0,9}))?\}", spec):
+        for m in re.finditer(r"\{(\d{1,12})(?:,(\d{0,12}))?\}", spec):
             count = int(m.group(2) or m.group(1))
             if count > 10_000:
                 est.compile_s += _G_COUNT * count
