@@ -2,7 +2,7 @@
 # Install schedguard from its wheel into a virtual environment, then check the install.
 #
 # The one install procedure: the Dockerfile's build stage runs exactly this script, and
-# tests/test_dockerfile.py and tests/test_packaging.py run it too (the latter with the
+# tests/schedguard/test_dockerfile.py and tests/schedguard/test_packaging.py run it too (the latter with the
 # dependencies, from pip's configured indexes), so the image's install steps are tested without a
 # Docker engine.
 #

@@ -39,12 +39,6 @@ def bound_socket() -> socket.socket:
     return sock
 
 
-def free_port() -> int:
-    with contextlib.closing(bound_socket()) as sock:
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass
 class Received:
     method: str

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._support import free_port
+
 INSTALL_HINT = "apt-get update && apt-get install -y redis-server"
 
 
@@ -35,12 +37,6 @@ def require_binary() -> str:
     pytest.skip(message)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _pong(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
@@ -55,7 +51,7 @@ class RedisServer:
 
     def __init__(self, binary: str | None = None, port: int | None = None) -> None:
         self.binary = binary or require_binary()
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self._dir = tempfile.TemporaryDirectory(prefix="schedguard-redis-")
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -78,7 +74,7 @@ class RedisServer:
                     return
                 time.sleep(0.02)
             self.stop()
-            self.port = _free_port()
+            self.port = free_port()
         log = Path(self._dir.name, "redis.log")
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         raise RuntimeError(f"redis-server did not start:\n{tail}")

@@ -7,7 +7,7 @@ or an in-process measurement), report ``Cost.scalar()`` and the cost per byte to
 to a callback. The same property serves three drivers:
 
 - pytest: the callback asserts "no finding" and Hypothesis shrinks a counterexample
-  (``tests/test_fuzz_hypothesis.py``);
+  (``tests/fuzz/test_hypothesis.py``);
 - the campaign engine (:func:`run_engine`): the callback records findings in the run
   (:meth:`EngineRun.record`) and the property runs round after round (a fresh seed each, the
   example database in ``out_dir``) until the duration is spent;

@@ -8,7 +8,7 @@ Ops (one opcode byte, ``% 5``, then its operands)::
     3 urgent   len, max_tokens                submit at priority -8 (preempts others)
     4 tick     n                              advance the fake clock by (n % 4) / 2 s
 
-After every op the invariants of ``tests/test_scheduler_stateful.py`` that are cheap to check
+After every op the invariants of ``tests/scheduler_ref/test_scheduler_stateful.py`` that are cheap to check
 hold (bounded queues, KV conservation, statuses match queues); at the end the engine must drain
 within a bounded number of steps (liveness). A violation is a crash. ``queue_full`` and the
 token caps are the documented rejections of a submit and do not end the run.

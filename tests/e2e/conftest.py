@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests._support import free_port
 
 E2E_DIR = Path(__file__).resolve().parent
 ROOT = E2E_DIR.parents[1]
@@ -91,14 +92,6 @@ def _script(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _free_port() -> int:
-    # Racy in principle (released before the server binds); `start` reports a taken port.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def start_upstream(name: str, *extra: str) -> Iterator[RunningUpstream]:
     """Start `name` via the script on a free port, yield it, stop it."""
     status = _script("status", name, "--json", timeout=60)
@@ -112,7 +105,7 @@ def start_upstream(name: str, *extra: str) -> Iterator[RunningUpstream]:
         if os.environ.get("SCHEDGUARD_E2E_REQUIRED") == "1":
             pytest.fail(message + " (SCHEDGUARD_E2E_REQUIRED=1)")
         pytest.skip(message)
-    port = _free_port()
+    port = free_port(HOST)
     args = ["start", name, "--port", str(port), "--host", HOST, "--background", "--json",
             "--ready-timeout", str(READY_TIMEOUT_S)]  # fmt: skip
     if extra:

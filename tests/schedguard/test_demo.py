@@ -25,9 +25,10 @@ from schedguard.demo import (
     run_demo,
     write_json,
 )
+from tests._support import TESTS_DIR
 
 MiB = 1 << 20
-FAKE = str(Path(__file__).with_name("_fake_server.py"))
+FAKE = str(TESTS_DIR / "_fake_server.py")
 HAS_SERVER = importlib.util.find_spec("scheduler_ref.server") is not None
 REQUIRED_KEYS = {"target", "profile", "payload", "outcome", "status", "code", "latency_ms",
                  "peak_rss_mb", "steady_latency_ms", "steady_requests"}  # fmt: skip

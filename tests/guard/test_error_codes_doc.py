@@ -33,7 +33,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._support import REPO_ROOT
+
+ROOT = REPO_ROOT
 SOURCE_DIRS = ("guard", "scheduler_ref")
 DOC = ROOT / "docs" / "ERRORS.md"
 CODE_SHAPE = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -24,7 +24,8 @@ from guard.errors import GuardError
 from guard.http import ClientDisconnected, FramingLimits, inspect_head, read_body
 from guard.policy import Policy, policy_from_yaml
 from guard.telemetry import AccessLog, make_tracing, otel_requested
-from tests._guard_harness import FakeUpstream, fake_upstream, free_port, serve
+from tests._guard_harness import FakeUpstream, fake_upstream, serve
+from tests._support import free_port
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hello there"}]}
 KEY = "sk-test-key-123456"

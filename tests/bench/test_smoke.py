@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from guard.isolation import kill_tree
+from tests._support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 BENCH = ROOT / "bench"
 TIMEOUT_S = 20.0
 # Above the largest cap a bench gives its own children (bench/json_scan.py: 3 GiB).
@@ -67,7 +68,7 @@ BENCHES: dict[str, Bench] = {
 
 # Scripts whose smoke run lives elsewhere, or that are long proofs run by hand (with why).
 COVERED_ELSEWHERE: dict[str, str] = {
-    "gateway.py": "tests/test_bench_gateway.py runs it with --quick (it needs wrk)",
+    "gateway.py": "tests/bench/test_gateway.py runs it with --quick (it needs wrk)",
     "fuzz_proof.py": "issue 4's 4-minute proof campaign; its engine is tested in test_fuzz_search.py",
     "guided_backends.py": "issue 16's calibration table, minutes of real backend compiles at a 32k "
     "vocabulary; its targets are tested in test_fuzz_backends.py",

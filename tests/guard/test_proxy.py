@@ -13,7 +13,8 @@ from guard.http import Upstream, UpstreamConfig, UpstreamError, response_headers
 from guard.http._sse_relay import DONE, SseRelay, error_event
 from guard.pipeline import evaluate_body
 from guard.policy import default_policy
-from tests._guard_harness import fake_upstream, free_port
+from tests._guard_harness import fake_upstream
+from tests._support import free_port
 
 # ---------------------------------------------------------------------------------- SSE relay
 

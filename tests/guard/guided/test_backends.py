@@ -23,6 +23,7 @@ from guard.guided._backends import (
     xgrammar_rejects_regex,
 )
 from guard.guided._schema_bounds import largest_bound_product
+from tests._support import REPO_ROOT
 
 DEFAULT = GuidedLimits()
 ONLY = {b: GuidedLimits(backends=(b,)) for b in ("xgrammar", "guidance", "outlines")}
@@ -257,7 +258,7 @@ def test_chat_completions_custom_tool_grammar_checked_like_responses() -> None:
 
 # ---- payloads/pinned: attacks and look-alikes for vLLM pinned to one backend ------------------
 
-PINNED = sorted((Path(__file__).resolve().parent.parent / "payloads" / "pinned").glob("*/*.yaml"))
+PINNED = sorted((REPO_ROOT / "payloads" / "pinned").glob("*/*.yaml"))
 
 
 @pytest.mark.parametrize("path", PINNED, ids=[p.stem for p in PINNED])

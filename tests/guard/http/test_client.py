@@ -21,6 +21,7 @@ import pytest
 
 from guard.errors import ConnectFailed, ResponseBroken, UpstreamTimeout
 from guard.http._client import KEEPALIVE_S, ConnectionPool, PooledResponse, UpstreamConfig
+from tests._support import free_port
 
 # ------------------------------------------------------------------------------ the harness
 
@@ -177,12 +178,6 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 2.0) -> Non
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.01)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ------------------------------------------------------------------------------ 1. framing

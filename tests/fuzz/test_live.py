@@ -47,17 +47,11 @@ from fuzz.live._shapes import Context
 from fuzz.targets import Cost
 from payloads import load_payload
 from schedguard.cli import main
+from tests._support import REPO_ROOT, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 FAKE = ROOT / "tests" / "_fake_openai.py"
 CHAT = "/v1/chat/completions"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _start_fake(port: int, pidfile: Path | None = None) -> subprocess.Popen[bytes]:
@@ -76,7 +70,7 @@ def _start_fake(port: int, pidfile: Path | None = None) -> subprocess.Popen[byte
 
 class Fake:
     def __init__(self, tmp: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.pidfile = tmp / "fake.pid"
         self.procs = [_start_fake(self.port, self.pidfile)]
@@ -173,7 +167,7 @@ def test_loopback_only() -> None:
 def test_cli_refuses_a_remote_target_and_a_dead_one(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fuzz", "run", "--target", "http://10.1.2.3:8000", "--duration", "1"]) == 2
     assert "loopback" in capsys.readouterr().err
-    argv = ["fuzz", "run", "--target", f"http://127.0.0.1:{_free_port()}", "--duration", "1"]
+    argv = ["fuzz", "run", "--target", f"http://127.0.0.1:{free_port()}", "--duration", "1"]
     assert main(argv) == 2
     assert "health" in capsys.readouterr().err
     guard = ["--guard", "http://192.168.1.1:8080"]

@@ -19,7 +19,8 @@ import pytest
 
 from guard.app import create_app
 from guard.policy import policy_from_yaml
-from tests._guard_harness import FakeUpstream, fake_upstream, free_port, serve
+from tests._guard_harness import FakeUpstream, fake_upstream, serve
+from tests._support import free_port
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hello"}]}
 STREAM = {**CHAT, "stream": True}

@@ -25,9 +25,10 @@ import pytest
 import yaml
 
 from schedguard.cli import build_parser
-from tests.test_dockerfile import DOCKERFILE, parse
+from tests._support import REPO_ROOT
+from tests.schedguard.test_dockerfile import DOCKERFILE, parse
 
-DEPLOY = Path(__file__).resolve().parent.parent / "docs" / "deploy"
+DEPLOY = REPO_ROOT / "docs" / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 _VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 PROFILES = ("vllm", "vllm-cpu")

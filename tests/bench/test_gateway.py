@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from guard.isolation import kill_tree
+from tests._support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 SCRIPT = ROOT / "bench" / "gateway.py"
 TIMEOUT_S = 55.0
 MEM_LIMIT = 4 << 30

@@ -1,6 +1,6 @@
 """docs/deploy/: the Grafana dashboard and the Prometheus alert rules name only metrics the
 guard exports, and the Kubernetes example puts the guard in front of vLLM (the compose file:
-tests/test_compose.py)."""
+tests/schedguard/test_compose.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from guard.app import create_app
 from guard.policy import load_policy
+from tests._support import REPO_ROOT
 
-DEPLOY = Path(__file__).resolve().parent.parent / "docs" / "deploy"
+DEPLOY = REPO_ROOT / "docs" / "deploy"
 # Series Prometheus makes itself, not the guard.
 PROMETHEUS_OWN = {"up"}
 _SELECTOR = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?=\{|\[)")

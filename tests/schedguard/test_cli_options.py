@@ -11,8 +11,9 @@ import pytest
 
 from schedguard import __version__, cli
 from schedguard.cli import HelpFormatter, build_parser, iter_parsers, main, missing_extra
+from tests._support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 PARSERS = list(iter_parsers(build_parser()))
 _SKIP = (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)
 

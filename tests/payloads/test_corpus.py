@@ -36,8 +36,9 @@ from payloads import (
     save_found,
 )
 from payloads import _generate as gen
+from tests._support import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 THREATS = (REPO / "docs" / "THREATS.md").read_text(encoding="utf-8")
 
 MIN_VARIANTS_PER_CLASS = 3

@@ -32,9 +32,10 @@ import pytest
 
 from schedguard import __version__
 from schedguard.cli import build_parser, iter_parsers
-from tests.test_dockerfile import DOCKERFILE, parse
+from tests._support import REPO_ROOT, free_port
+from tests.schedguard.test_dockerfile import DOCKERFILE, parse
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 REPLAY = ROOT / "payloads" / "attacks" / "fan_out" / "fo-n-million.yaml"
 pytestmark = pytest.mark.skipif(
     shutil.which("sh") is None or sys.platform != "linux", reason="needs a POSIX shell (Linux)"
@@ -310,15 +311,6 @@ def test_hypothesis_says_which_extra(plain_env: Env, tmp_path: Path) -> None:
     _one_line_naming(proc, "fuzz")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _status(port: int, path: str) -> int | None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
@@ -365,7 +357,7 @@ def _serve_until(
 def test_ref_and_serve_run(env: Env, started: list[subprocess.Popen[bytes]]) -> None:
     """``ref`` answers /health; ``serve`` without an upstream starts the embedded reference
     scheduler and is ready; SIGTERM stops both cleanly."""
-    ref_port, guard_port = _free_port(), _free_port()
+    ref_port, guard_port = free_port(), free_port()
     _serve_until(env, started, ["ref"], ref_port, "/health")
     guard = _serve_until(env, started, ["serve"], guard_port, "/readyz")
     guard.send_signal(signal.SIGTERM)

@@ -79,7 +79,7 @@ def test_guidance_compiles_lark_and_schemas() -> None:
 class UnguardedOutlines(OutlinesBackend):
     """The outlines target with the guard's backend check off: what it refuses, compiled."""
 
-    name = "tests.test_fuzz_backends:UnguardedOutlines"
+    name = "tests.fuzz.test_backends:UnguardedOutlines"
 
     def _ensure(self) -> object:
         env = super()._ensure()

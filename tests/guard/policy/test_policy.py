@@ -26,8 +26,9 @@ from guard.policy import (
     policy_to_yaml,
 )
 from guard.policy._docs import BEGIN, END, iter_fields, policy_reference
+from tests._support import REPO_ROOT
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "POLICY.md"
+DOCS = REPO_ROOT / "docs" / "POLICY.md"
 
 
 def problems(text: str = "", env: dict[str, str] | None = None) -> list[str]:

@@ -21,8 +21,9 @@ from loadtests import dashboard, report, svgchart, timeline
 from schedguard import _load_cli
 from schedguard.cli import build_parser
 from tests import _chromium
+from tests._support import TESTS_DIR
 
-DATA = Path(__file__).parent / "data" / "load_report"
+DATA = TESTS_DIR / "data" / "load_report"
 GUARD, NO_GUARD = DATA / "guard", DATA / "no-guard"
 
 

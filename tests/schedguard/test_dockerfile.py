@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._support import REPO_ROOT
+
+ROOT = REPO_ROOT
 DOCKERFILE = ROOT / "Dockerfile"
 INSTALL = ROOT / "scripts" / "install.sh"
 KNOWN = {
