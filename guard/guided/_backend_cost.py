@@ -373,6 +373,9 @@ _O_C_DFA = 7e-7  # per DFA state x NFA position (determinisation)
 _O_M_NARROW = 1.0  # bytes per anchored state x token, narrow classes
 _O_M_BROAD = 12.0  # ... per share of broad classes
 _O_M_DFA = 40.0
+# The campaigns keep finding regexes near the budget (0.85 s measured, 0.86 estimated): a
+# margin over the fitted constants for shapes the model approximates.
+_O_MARGIN = 1.25
 
 
 def _outlines_price(shape: _Shape, vocab: int, *, schema: bool) -> tuple[float, float]:
@@ -382,7 +385,7 @@ def _outlines_price(shape: _Shape, vocab: int, *, schema: bool) -> tuple[float, 
     sa = (4.0 * 2.0**ea + pos if ea > 0 else pos) * 2.0**shape.loops
     dfa = (2.0**eu + 2.0**ea) * pos
     c = _O_C_SCHEMA if schema else _O_C_REGEX
-    t = _O_FIXED_S + vocab * sa * c + _O_C_DFA * dfa
+    t = (_O_FIXED_S + vocab * sa * c + _O_C_DFA * dfa) * (1.0 if schema else _O_MARGIN)
     share = shape.broad / pos
     m = _O_M_BROAD if schema else _O_M_NARROW + _O_M_BROAD * min(1.0, 8 * share)
     mem = vocab * sa * m + _O_M_DFA * dfa

@@ -291,7 +291,7 @@ def test_outlines_estimate_prices_unicode_word_classes_and_wide_loops() -> None:
     # wide loops in sequence stay cheap when there are few (email, url)
     assert (
         outlines_cost("regex", r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}", 32768).compile_s
-        < 0.2
+        < 0.5
     )
 
 
