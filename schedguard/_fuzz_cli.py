@@ -89,10 +89,29 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--target",
         metavar="NAME",
         default=None,
-        help="replay against this target (default: the target recorded in each file; curated "
-        "payloads record none)",
+        help="replay against this target, or a live server's URL (then see --guard) (default: "
+        "the target recorded in each file; curated payloads record none)",
     )
     rp.add_argument("--json", action="store_true", help="machine-readable output")
+    rp.add_argument(
+        "--guard",
+        metavar="URL",
+        default=None,
+        help="with --target URL: replay through this guard's dry run, as a differential "
+        "campaign judges (an under-count replays as ok once the guard counts it)",
+    )
+    rp.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="with --target URL: allow a host that is not loopback",
+    )
+    rp.add_argument(
+        "--ignore-5xx",
+        action="append",
+        default=None,
+        metavar="REGEX",
+        help="with --target URL: 5xx messages that are the server's refusals (repeatable)",
+    )
 
 
 def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -195,7 +214,7 @@ def _add_live(run: argparse.ArgumentParser) -> None:
         metavar="PID",
         help="a process whose resident memory, children included, is the server's (repeatable:"
         " the upstream and the guard in front of it); 'auto': the one listening on --target's "
-        "port",
+        "port, 'port:N': the one listening on port N (both found again after a restart)",
     )
     live.add_argument(
         "--metrics",
@@ -324,6 +343,11 @@ def _add_live(run: argparse.ArgumentParser) -> None:
 
 def _pid(text: str) -> int | str:
     if text == "auto":
+        return text
+    if text.startswith("port:"):
+        port = text[5:]
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
         return text
     try:
         value = int(text)
@@ -516,7 +540,11 @@ def _run_live(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from fuzz import FAILS_CI, get_target, replay_paths
+    from fuzz.live import is_url
     from payloads import PayloadError
+
+    if args.target is not None and is_url(args.target):
+        return _replay_live(args)
 
     try:
         results = replay_paths(args.paths, args.target)
@@ -546,4 +574,37 @@ def _replay(args: argparse.Namespace) -> int:
             f"{r.path}: {r.target}: {what}{rep}  "
             f"[{cost.busy_s:.3f} s, {cost.peak_mem_bytes / (1 << 20):.1f} MiB, {cost.steps} steps]"
         )
+    return status
+
+
+def _replay_live(args: argparse.Namespace) -> int:
+    from fuzz.live import RemoteTargetRefused, replay_live
+    from payloads import PayloadError
+
+    try:
+        results = replay_live(
+            args.paths,
+            args.target,
+            guard=args.guard,
+            allow_remote=args.allow_remote,
+            ignore_5xx=tuple(args.ignore_5xx or ()),
+        )
+    except (PayloadError, RemoteTargetRefused, ValueError, OSError) as exc:
+        print(f"fuzz replay: {exc}", file=sys.stderr)
+        return 2
+    status = 1 if any(r.is_finding for r in results) else 0
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+        return status
+    for r in results:
+        d = r.to_dict()
+        if r.measured is None:
+            print(f"{r.path}: {r.note}")
+            continue
+        what = d["cause"] or d["verdict"] + (f" {d['error_code']}" if d["error_code"] else "")
+        tokens = ""
+        if d["upstream_prompt_tokens"] is not None:
+            tokens = f"  [upstream {d['upstream_prompt_tokens']} prompt tokens, guard bound "
+            tokens += f"{d['guard_prompt_tokens']}]"
+        print(f"{r.path}: {what}{tokens}")
     return status

@@ -125,10 +125,13 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(400, {"error": {"message": "not an object", "code": "invalid_json"}})
             return
         path, _, query = self.path.partition("?")
-        if path == "/guard/v1/check":
-            self._check(body, urllib.parse.parse_qs(query))
-        else:
-            self._serve(body)
+        try:
+            if path == "/guard/v1/check":
+                self._check(body, urllib.parse.parse_qs(query))
+            else:
+                self._serve(body)
+        except (TypeError, ValueError, AttributeError):  # a shape this fake does not model
+            self._reply(400, {"error": {"message": "unsupported", "code": "invalid_request"}})
 
     def _check(self, body: dict[str, Any], query: dict[str, list[str]]) -> None:
         grammar = str(body.get("grammar", ""))

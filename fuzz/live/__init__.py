@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from fuzz._exceptions import RemoteTargetRefused, TargetUnreachable
 from fuzz.live._campaign import LiveOptions, find_listener, is_url, run_live_campaign
-from fuzz.live._http import HttpClient, RateLimiter, Reply, require_loopback
+from fuzz.live._http import HttpClient, RateLimiter, Reply, discover_model, require_loopback
 from fuzz.live._monitor import Health, RssMonitor, parse_prometheus_rss
 from fuzz.live._mutator import RequestMutator, Scheduler
 from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured, error_signature, extract_usage
 from fuzz.live._record import LiveRecorder, payload_class, shape_signature
+from fuzz.live._replay import LiveReplay, replay_live
 from fuzz.live._request import BUILTIN_SEEDS, LiveRequest, load_seeds
 from fuzz.live._shapes import OPERATORS, nest_grammar
 from fuzz.live._shrink import shrink_json
@@ -38,6 +39,7 @@ __all__ = [
     "LiveOptions",
     "LiveOracle",
     "LiveRecorder",
+    "LiveReplay",
     "LiveRequest",
     "LiveTarget",
     "Measured",
@@ -48,6 +50,7 @@ __all__ = [
     "RssMonitor",
     "Scheduler",
     "TargetUnreachable",
+    "discover_model",
     "error_signature",
     "extract_usage",
     "find_listener",
@@ -57,6 +60,7 @@ __all__ = [
     "nest_grammar",
     "parse_prometheus_rss",
     "payload_class",
+    "replay_live",
     "require_loopback",
     "run_live_campaign",
     "shape_signature",

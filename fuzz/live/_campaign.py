@@ -37,7 +37,13 @@ from fuzz._exceptions import TargetUnreachable
 from fuzz.campaign import ProgressLine, default_minimise_s
 from fuzz.engines._run import EngineRun, RunOptions
 from fuzz.findings import FindingSet, known_causes
-from fuzz.live._http import HttpClient, RateLimiter, require_loopback, split_url
+from fuzz.live._http import (
+    HttpClient,
+    RateLimiter,
+    discover_model,
+    require_loopback,
+    split_url,
+)
 from fuzz.live._monitor import Health, RssMonitor
 from fuzz.live._mutator import RequestMutator, Scheduler
 from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured
@@ -151,16 +157,6 @@ def find_listener(port: int) -> int | None:
     return None
 
 
-def _discover_model(client: HttpClient) -> str | None:
-    reply = client.get("/v1/models", timeout_s=10.0)
-    doc = reply.json() if reply.status == 200 else None
-    if isinstance(doc, dict) and isinstance(doc.get("data"), list) and doc["data"]:
-        first = doc["data"][0]
-        if isinstance(first, dict) and isinstance(first.get("id"), str):
-            return str(first["id"])
-    return None
-
-
 class _Live:
     """One campaign's state (built and run by :func:`run_live_campaign`)."""
 
@@ -191,7 +187,7 @@ class _Live:
             scheme, host, port, path = split_url(opts.metrics_url)
             self.metrics = HttpClient(f"{scheme}://{host}:{port}", limiter=self.limiter)
             metrics_path = path or "/metrics"
-        self.auto_pids = "auto" in opts.pids
+        self.auto_pids = any(isinstance(p, str) for p in opts.pids)
         self.monitor = RssMonitor(self._pids(), self.metrics, metrics_path)
         patterns = tuple(re.compile(p) for p in opts.ignore_5xx)
         self.budgets = LiveBudgets(
@@ -208,7 +204,7 @@ class _Live:
             guard=self.guard,
             guard_health=self.guard_health,
         )
-        self.model = opts.model or _discover_model(self.upstream)
+        self.model = opts.model or discover_model(self.upstream)
         seeds = load_seeds(opts.corpus, max_bytes=opts.max_body_bytes)
         self.mutator = RequestMutator(
             seeds,
@@ -248,17 +244,18 @@ class _Live:
     # ------------------------------------------------------------------------- processes
 
     def _pids(self) -> list[int]:
+        """The watched processes: ids as given; ``auto`` and ``port:N`` are resolved to the
+        process listening on the target's port or on N (again after a restart)."""
         pids: list[int] = []
         for p in self.opts.pids:
-            if p == "auto":
-                found = find_listener(split_url(self.opts.target)[2])
-                if found is None:
-                    raise TargetUnreachable(
-                        f"--pid auto: no process visible listening on {self.opts.target}"
-                    )
-                pids.append(found)
-            else:
-                pids.append(int(p))
+            if isinstance(p, int):
+                pids.append(p)
+                continue
+            port = split_url(self.opts.target)[2] if p == "auto" else int(p.split(":", 1)[1])
+            found = find_listener(port)
+            if found is None:
+                raise TargetUnreachable(f"--pid {p}: no process visible listening on port {port}")
+            pids.append(found)
         for pid in pids:
             if not psutil.pid_exists(pid):
                 raise TargetUnreachable(f"--pid {pid}: no such process")
@@ -288,7 +285,7 @@ class _Live:
             if self.auto_pids:
                 with contextlib.suppress(TargetUnreachable):
                     self.monitor.rebind(self._pids())
-            else:
+            else:  # a process id given as a number that died is not watched any more
                 self.monitor.rebind([p for p in self.monitor.pids if psutil.pid_exists(p)])
             return True
         if self.gave_up:
@@ -459,6 +456,9 @@ class _Live:
         return {
             "requests": run.execs,
             "requests_per_s": round(run.execs / elapsed, 2),
+            # The rate while fuzzing: the time spent confirming and minimising findings (the
+            # other workers paused) left out.
+            "fuzzing_requests_per_s": round(run.execs / max(elapsed - rec.busy_s, 1e-9), 2),
             "http_requests": self.limiter.sent,
             "max_rps": self.opts.max_rps,
             "verdicts": dict(self.stats),

@@ -23,7 +23,7 @@ from typing import Any
 
 from fuzz._exceptions import RemoteTargetRefused
 
-__all__ = ["HttpClient", "RateLimiter", "Reply", "require_loopback", "split_url"]
+__all__ = ["HttpClient", "RateLimiter", "Reply", "discover_model", "require_loopback", "split_url"]
 
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 _READ_CHUNK = 1 << 16
@@ -293,3 +293,14 @@ class HttpClient:
             size += len(chunk)
             if size >= self.max_response_bytes:
                 return b"".join(parts)[: self.max_response_bytes], True
+
+
+def discover_model(client: HttpClient) -> str | None:
+    """The first model the server lists at ``/v1/models`` (None when it lists none)."""
+    reply = client.get("/v1/models", timeout_s=10.0)
+    doc = reply.json() if reply.status == 200 else None
+    if isinstance(doc, dict) and isinstance(doc.get("data"), list) and doc["data"]:
+        first = doc["data"][0]
+        if isinstance(first, dict) and isinstance(first.get("id"), str):
+            return str(first["id"])
+    return None

@@ -259,6 +259,7 @@ class LiveOracle:
             "guard_output_tokens_reserved": str(reserved),
             "upstream_completion_tokens": str(completion),
         }
+        served.extra.update(extra)
         cost = served.outcome.cost
         if bound is not None and prompt is not None:
             served.excess = prompt - bound

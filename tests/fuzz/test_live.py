@@ -36,6 +36,7 @@ from fuzz.live import (
     load_seeds,
     nest_grammar,
     parse_prometheus_rss,
+    replay_live,
     require_loopback,
     run_live_campaign,
     shape_signature,
@@ -497,6 +498,14 @@ def test_differential_finds_the_under_count_and_the_false_positive(
     assert {"fuzz/undercount", "fuzz/false_positive"} <= rules
     summary = (out / "summary.md").read_text()
     assert "live campaign" in summary and "undercount" in summary
+
+    # The saved findings replay as what they were (the guard has not changed).
+    replays = replay_live([out / "found", out / "benign"], fake.url, guard=fake.url)
+    assert replays and all(r.is_finding for r in replays)
+    verdicts = {r.to_dict()["verdict"] for r in replays}
+    assert verdicts == {"undercount", "false_positive"}
+    argv = ["fuzz", "replay", str(out / "found"), "--target", fake.url, "--guard", fake.url]
+    assert main(argv) == 1
 
 
 def test_cli_live_exit_status(
