@@ -15,7 +15,8 @@ The guard's verdicts come from :func:`guard.guided.check_structured_outputs` at 
 vocabulary size, under the default policy (``auto``: xgrammar, guidance, outlines through the
 fallback) and with the policy naming one backend. A case is *over budget* when it took more than
 1 s of CPU or 256 MiB, or a token mask over 0.05 s (a finding of the target), or did not finish.
-The merge prints the markdown table and the two checks: no benign case refused where its
+The merge recomputes the guard's verdicts with the code as it is, and prints the markdown table
+and the two checks: no benign case refused where its
 reachable backends are within budget, and no over-budget case admitted.
 """
 
@@ -108,11 +109,18 @@ def _cell(cell: dict[str, Any] | None) -> str:
 
 
 def merge(paths: list[str]) -> int:
+    from fuzz.targets.backends_corpus import BENIGN, EXPENSIVE
+
     docs = [json.loads(Path(p).read_text()) for p in paths]
     cases: dict[str, Any] = {}
     for d in docs:
         for cid, row in d["cases"].items():
             cases.setdefault(cid, {}).update(row)
+    # the guard's verdicts from the code as it is now (the measurements are the backends')
+    specs = {cid: (kind, spec) for cid, kind, spec in [*BENIGN, *EXPENSIVE]}
+    for cid, row in cases.items():
+        if cid in specs:
+            row["guard"] = verdicts(*specs[cid], docs[0]["vocab"])
     print(f"vocabulary: {docs[0]['vocab']} tokens ({docs[0]['tokenizer']})\n")
     head = "| case | " + " | ".join(BACKENDS) + " | guard: " + " | ".join(POLICIES) + " |"
     print(head)
