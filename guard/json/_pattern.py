@@ -21,6 +21,7 @@ Rules that keep the patterns linear and fast (measured in bench/json_scan.py):
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ _LONE_SURROGATE = re.compile(
 # which ``bytes.find`` locates at memory speed. Outside strings these characters occur only in
 # numbers (a literal's trailing ``e`` is followed by a separator in valid JSON).
 _NON_FINITE = re.compile(rb"-?(?:NaN|Infinity)")
+# A number literal (JSON's grammar, a little more lenient): only called once the parser has met
+# one that overflows, to say where it is.
+_NUMBER = re.compile(rb"-?[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")
 _NUMBER_CHARS = bytes(0x30 if chr(b) in "0123456789.eE+-" else 0x20 for b in range(256))
 
 
@@ -107,6 +111,16 @@ def find_non_finite(scan: bytes) -> int:
     outside = _Outside(scan)  # called only once the parser has met one
     for hit in _NON_FINITE.finditer(scan):
         if outside(hit.start()):
+            return hit.start()
+    return -1
+
+
+def find_overflowing_number(scan: bytes) -> int:
+    """Offset of the first number outside strings whose value overflows a double (``1e999``,
+    ``-1E+400``, an integer of more than 308 digits), or -1."""
+    outside = _Outside(scan)  # called only once the parser has met one
+    for hit in _NUMBER.finditer(scan):
+        if math.isinf(float(hit.group())) and outside(hit.start()):
             return hit.start()
     return -1
 

@@ -11,7 +11,9 @@ in its size and each stopping at the first limit crossed:
    lengths, then ``bytes`` searches for long numbers and for the number of containers;
 3. the standard library parser, whose ``object_pairs_hook`` refuses duplicate keys (an upstream
    may keep the other one) and counts keys per object and in total, and whose
-   ``parse_constant`` refuses ``NaN`` and ``Infinity``. Numbers are already short, so ``int()``
+   ``parse_constant`` refuses ``NaN`` and ``Infinity``, and ``parse_float`` numbers that
+   overflow to infinity (``1e999``, ``-1E+400``; integers too when the number limit lets one
+   reach a double's range). Numbers are already short, so ``int()``
    never meets a long digit string, and depth is already bounded, so the parser's recursion
    is too;
 4. array lengths, when ``max_keys_per_object`` exceeds ``max_array_length`` (the scan counts
@@ -32,6 +34,7 @@ offset alone, or for a key refused while parsing only that it is past it), and t
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable
 from typing import Annotated, Any, NoReturn
@@ -110,7 +113,8 @@ def parse_json_body(body: bytes, limits: JsonLimits, max_body_bytes: int | None 
     Codes: ``body_too_large`` (413), ``invalid_utf8``, ``invalid_json``,
     ``json_depth_exceeded``, ``json_too_many_keys``, ``json_duplicate_key``,
     ``json_array_too_long``, ``json_string_too_long``, ``json_number_too_long``,
-    ``json_too_many_containers``, ``json_non_finite_number`` (all 400 but the first). Limit
+    ``json_too_many_containers``, ``json_non_finite_number`` (``NaN``, ``Infinity`` and numbers
+    that overflow to infinity, such as ``1e999``) (all 400 but the first). Limit
     codes raise :class:`LimitExceeded`; ``invalid_*``, ``json_duplicate_key`` and
     ``json_non_finite_number`` a plain :class:`GuardError`.
     """
@@ -325,20 +329,74 @@ def _refusal(
 
 
 class _Parser(threading.local):
-    """A decoder and its hook per thread, built once: ``json.loads`` with hooks builds a new
-    decoder and scanner on every call, which costs more than parsing a small body."""
+    """Decoders and their hook per thread, built once: ``json.loads`` with hooks builds a new
+    decoder and scanner on every call, which costs more than parsing a small body.
+
+    ``decoder`` leaves numbers on the C parser's fast path; ``finite_floats`` checks every
+    float literal (a Python call each: about twice the parse of a float-dense body), for bodies
+    where one could overflow; ``wide_ints`` checks integers too, for limits that let an integer
+    literal reach a double's range (see :func:`_decoder`).
+    """
 
     def __init__(self) -> None:
         hook, self.reset = _pairs_hook()
         self.decoder = json.JSONDecoder(object_pairs_hook=hook, parse_constant=_reject_constant)
+        self.finite_floats = json.JSONDecoder(
+            object_pairs_hook=hook, parse_constant=_reject_constant, parse_float=_finite_float
+        )
+        self.wide_ints = json.JSONDecoder(
+            object_pairs_hook=hook,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            parse_int=_finite_int,
+        )
 
 
 class _ConstantRefused(Exception):
     """Raised by ``parse_constant``: the parser met NaN, Infinity or -Infinity."""
 
 
+class _Overflowed(Exception):
+    """Raised by ``parse_float`` / ``parse_int``: a number beyond a double's range, which
+    Python (and so pydantic in the upstream) reads as infinity or cannot convert at all."""
+
+
 def _reject_constant(name: str) -> NoReturn:
     raise _ConstantRefused(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf - inf is nan; every finite value gives 0.0
+        raise _Overflowed(text[:40])
+    return value
+
+
+# The digits from which an integer literal can exceed the largest double (1.8e308).
+_WIDE_INT_CHARS = 309
+# A positive exponent of 100 or more. Without one, a literal of at most _SHORT_NUMBER_CHARS
+# characters is below 1e(200 + 99): finite, so the fast decoder is exact.
+_BIG_EXPONENT = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}")
+_SHORT_NUMBER_CHARS = 200
+
+
+def _decoder(parser: _Parser, scan: bytes, limits: JsonLimits) -> json.JSONDecoder:
+    """The cheapest decoder that still refuses every number overflowing to infinity."""
+    if limits.max_number_chars >= _WIDE_INT_CHARS:
+        return parser.wide_ints
+    if limits.max_number_chars > _SHORT_NUMBER_CHARS or _BIG_EXPONENT.search(scan):
+        return parser.finite_floats
+    return parser.decoder
+
+
+def _finite_int(text: str) -> int:
+    value = int(text)
+    if len(text) >= _WIDE_INT_CHARS:
+        try:
+            float(value)  # what an upstream's float field does with it
+        except OverflowError:
+            raise _Overflowed(text[:40]) from None
+    return value
 
 
 _PARSER = _Parser()
@@ -355,10 +413,11 @@ def _parse(
 ) -> Any:
     parser = _PARSER
     parser.reset(limits.max_keys_per_object, limits.max_total_keys)
+    decoder = _decoder(parser, scan, limits)
     try:
         if text.startswith("\ufeff"):  # as json.loads refuses it
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-        return parser.decoder.decode(text)
+        return decoder.decode(text)
     except _ObjectRefused as refused:
         cls = GuardError if refused.code == "json_duplicate_key" else LimitExceeded
         end = locate.nth_object_end(scan, refused.ordinal, _LOCATE_WITHIN + 1)
@@ -375,6 +434,12 @@ def _parse(
     except _ConstantRefused:
         what = "NaN and Infinity are not valid JSON numbers"
         offset = pattern.find_non_finite(scan)
+        if offset < 0:  # pragma: no cover - the parser found one, so the search does
+            raise GuardError("json_non_finite_number", what) from None
+        _refuse(GuardError, "json_non_finite_number", what, offset, scan, body, structure)
+    except _Overflowed:
+        what = "JSON number overflows to infinity (beyond 1.8e308)"
+        offset = pattern.find_overflowing_number(scan)
         if offset < 0:  # pragma: no cover - the parser found one, so the search does
             raise GuardError("json_non_finite_number", what) from None
         _refuse(GuardError, "json_non_finite_number", what, offset, scan, body, structure)

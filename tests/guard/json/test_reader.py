@@ -155,6 +155,67 @@ def test_non_finite_constants_are_refused_but_not_inside_strings(constant: bytes
     assert refusal(b'["' + constant + b'", ' + constant + b"]").param == "[1]"
 
 
+OVERFLOWING = [b"1e999", b"-1e999", b"1E+400", b"1e0400", b"2.5e308", b"-0.5E+309",
+               b"0.001e312", b"1" + b"0" * 40 + b"e300"]  # fmt: skip
+FINITE = [b"1.7e308", b"-1.7976931348623157e308", b"1e-999", b"-0.0", b"1e99", b"9" * 60,
+          b"123456789.123456789e-50", b"1e+0300"]  # fmt: skip
+
+
+@pytest.mark.parametrize("number", OVERFLOWING)
+@pytest.mark.parametrize(
+    ("template", "param"),
+    [
+        (b'{"temperature":%s}', "temperature"),
+        (b'{"a":[1,{"b":%s}]}', "a[1].b"),
+        (b'{"logit_bias":{"42":%s}}', 'logit_bias["42"]'),
+        (b'{"s":"1e999","response_format":{"schema":{"maxLength":%s}}}', None),
+        (b"[%s]", "[0]"),
+    ],
+    ids=["top", "nested", "map", "deep", "array"],
+)
+def test_numbers_overflowing_to_infinity_are_refused_anywhere(
+    number: bytes, template: bytes, param: str | None
+) -> None:
+    exc = refusal(template % number)
+    assert exc.code == "json_non_finite_number"
+    assert exc.status == 400
+    assert "infinity" in exc.message
+    if param is not None:
+        assert exc.param == param
+
+
+@pytest.mark.parametrize("number", FINITE)
+def test_large_but_finite_numbers_pass(number: bytes) -> None:
+    value = parse_json_body(b'{"x":%s,"s":"1e999"}' % number, DEFAULT)
+    assert math.isfinite(value["x"])
+    assert value["s"] == "1e999"
+
+
+def test_big_integers_are_refused_when_the_number_limit_lets_them_overflow() -> None:
+    wide = replace(DEFAULT, max_number_chars=1000)
+    exc = refusal(b'{"n":[1,' + b"9" * 400 + b"]}", wide)
+    assert (exc.code, exc.param) == ("json_non_finite_number", "n[1]")
+    assert parse_json_body(b'{"n":' + b"9" * 300 + b"}", wide)["n"] == int("9" * 300)
+    # A long mantissa with an exponent under 100 overflows too once numbers may be that long.
+    assert refusal(b'{"n":' + b"9" * 250 + b"e70}", wide).code == "json_non_finite_number"
+    assert parse_json_body(b'{"n":' + b"9" * 250 + b"e50}", wide)["n"] == pytest.approx(1e300)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mantissa=st.integers(min_value=0, max_value=10**30),
+    exponent=st.integers(min_value=-400, max_value=400),
+    negative=st.booleans(),
+)
+def test_overflow_verdict_matches_float(mantissa: int, exponent: int, negative: bool) -> None:
+    literal = ("-" if negative else "") + f"{mantissa}e{exponent:+d}"
+    body = b'{"x":' + literal.encode() + b"}"
+    if math.isinf(float(literal)):
+        assert refusal(body).code == "json_non_finite_number"
+    else:
+        assert parse_json_body(body, DEFAULT)["x"] == float(literal)
+
+
 # ----------------------------------------------------------------------------- boundaries
 
 
