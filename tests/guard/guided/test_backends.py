@@ -302,3 +302,14 @@ def test_outlines_bare_string_cliff_position() -> None:
         for n in (10, 14, 16)
     }
     assert cost[10] < 1.0 < cost[14] < cost[16]
+
+
+def test_classes_rust_reads_as_nested_are_not_priced_as_python_reads_them() -> None:
+    # Rust's regex (outlines-core) reads [..["a","b"]..] as one class; Python's parser does not
+    nested = '-Z0-9.-]+\\.[a-zA-Z ::= root \\d\\d"enum":["a","b"]"um":["a","b"]= ]{83,}'
+    assert refusal(request_body("regex", nested), ONLY["outlines"]) == (
+        BACKEND_COST_CODE,
+        "outlines",
+    )
+    assert refusal(request_body("regex", "[[:alpha:]]{4}"), ONLY["outlines"]) is not None
+    assert refusal(request_body("regex", r"[a-z\[]{4}"), ONLY["outlines"]) is None
