@@ -372,10 +372,11 @@ def _refuse(backend: str, message: str, path: tuple[str | int, ...]) -> NoReturn
 
 def _over(est: Estimate, limits: GuidedLimits) -> str | None:
     why = f" ({est.why[0]})" if est.why else ""
+    if est.compile_s == float("inf"):
+        return f"its compile cost cannot be bounded{why}"
     if est.compile_s > limits.backend_max_compile_s:
-        shown = "unbounded" if est.compile_s == float("inf") else f"~{est.compile_s:.3g} s"
         return (
-            f"compiling it would take {shown} of CPU, over the budget of "
+            f"compiling it would take ~{est.compile_s:.3g} s of CPU, over the budget of "
             f"{limits.backend_max_compile_s:g} s{why}"
         )
     if est.mem_mb > limits.backend_max_compile_mb:
