@@ -76,12 +76,18 @@ __all__ = [
 
 _log = logging.getLogger("schedguard.guard")
 
+TRUNCATED_CODE = "upstream_stream_truncated"
+
 # Non-streamed responses up to this size (by Content-Length) are read whole and sent in one
 # message; bigger or unsized ones are relayed in chunks, keeping only a tail to find `usage`.
 _BUFFER_MAX = 1 << 20
 _USAGE_TAIL = 16 << 10
 _USAGE_MAX = 4096  # a usage object (with its token details) is a few hundred bytes
 _ERROR_BODY_MAX = 64 << 10  # an upstream error body bigger than this is not looked into
+# After a stream's [DONE], how long the rest of the upstream's body (the chunked terminator) is
+# waited for so that the connection goes back to the pool; past this it is dropped.
+_DRAIN_AFTER_DONE_S = 0.5
+_ACCEL = b"x-accel-buffering"
 _DECODER = json.JSONDecoder()
 _JSON = (b"content-type", b"application/json")
 _VIEWED = frozenset(name.encode("latin-1") for name in (*KEPT_HEADERS, "authorization"))
@@ -114,6 +120,9 @@ class Exchange:
     checks: tuple[tuple[str, str], ...] = ()
     upstream_code: str | None = None  # the code of an error the upstream answered with
     read_s: float = 0.0  # reading the body: the client's time, not the guard's overhead
+    relay: SseRelay | None = None  # a streamed response's relay (its token count so far)
+    truncated: str | None = None  # how the upstream's stream ended early, if it did
+    ended: float = 0.0  # when the response's last message went out (0: at the record)
 
 
 @dataclass(slots=True)
@@ -413,6 +422,8 @@ class Gateway:
             task.uncancel()
             ex.status, ex.code = 499, "client_disconnected"
             self.metrics.aborted("client_gone")
+            if ex.relay is not None:  # what the upstream generated until the client left
+                ex.completion_tokens = ex.relay.completion_tokens
         except ClientDisconnected:
             ex.status, ex.code = 499, "client_disconnected"
         except GuardError as err:
@@ -479,7 +490,17 @@ class Gateway:
         finally:
             if not settled:
                 with contextlib.suppress(Exception):
-                    await self.limiter.release(reservation)
+                    await self._settle_unfinished(ex, reservation)
+
+    async def _settle_unfinished(self, ex: Exchange, reservation: Reservation) -> None:
+        """The request ended before it was settled (the client left, was too slow, a failure):
+        a stream that was under way is charged what the upstream generated so far; anything
+        else is given back."""
+        relay = ex.relay
+        if relay is not None and (relay.events or relay.usage):
+            await self.limiter.reconcile(reservation, ex.prompt_tokens + relay.completion_tokens)
+        else:
+            await self.limiter.release(reservation)
 
     async def _forward(
         self,
@@ -580,28 +601,32 @@ class Gateway:
     async def _relay_stream(
         self, ex: Exchange, resp: UpstreamResponse, send: Send, relay_args: dict[str, Any]
     ) -> tuple[dict[str, Any] | None, int | None]:
-        relay = SseRelay(self.count_tokens, **{"max_tokens": None, **relay_args})
-        headers = response_headers(resp)
+        ex.relay = relay = SseRelay(self.count_tokens, **{"max_tokens": None, **relay_args})
+        headers = [pair for pair in response_headers(resp) if pair[0] != _ACCEL]
         headers.append((b"x-request-id", ex.request_id.encode()))
-        headers.append((b"x-accel-buffering", b"no"))
+        headers.append((_ACCEL, b"no"))
         ex.status = resp.status
         ex.response_started = True
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         try:
             async for chunk in resp.chunks():
                 out = relay.feed(chunk)
+                if relay.done:
+                    # The stream's last event goes out now. A client that has read it may close
+                    # at once, and the server reports that as a disconnect until the response is
+                    # complete: it is not an abort (the request is a 200 with its token counts).
+                    ex.finished = True
                 if out:
                     await self._write(send, out)
                     ex.bytes_out += len(out)
-                if relay.cut or relay.oversized:
-                    resp.abort()
-                    self.metrics.aborted("output_cap" if relay.cut else "bad_event")
+                if relay.done:
                     break
-            else:
-                rest = relay.finish()
-                if rest:
-                    await self._write(send, rest)
-                    ex.bytes_out += len(rest)
+            else:  # the upstream ended without [DONE]
+                rest = relay.finish()  # an unterminated last event, passed on as it is
+                out = (rest + b"\n\n" if rest else b"") + self._truncated(ex, "no_done")
+                ex.finished = True
+                await self._write(send, out)
+                ex.bytes_out += len(out)
         except UpstreamError as err:
             ex.code = err.code
             self.metrics.rejected(err.code)
@@ -609,13 +634,36 @@ class Gateway:
                 out = error_event(err.to_body())
                 await self._write(send, out)
                 ex.bytes_out += len(out)
+        if relay.cut or relay.oversized:
+            resp.abort()
+            self.metrics.aborted("output_cap" if relay.cut else "bad_event")
         if relay.oversized:
             ex.code = "upstream_error"
             self.metrics.rejected("upstream_error")
         ex.finished = True
         await send({"type": "http.response.body", "body": b""})
+        ex.ended = time.perf_counter()
+        if relay.upstream_done:
+            if relay.unfinished:
+                self._truncated(ex, "no_finish_reason")
+            await resp.drain(_DRAIN_AFTER_DONE_S)
         completion = relay.completion_tokens if (relay.events or relay.usage) else None
         return relay.usage, completion
+
+    def _truncated(self, ex: Exchange, how: str) -> bytes:
+        """Flag a stream the upstream ended early (``how``: ``no_done``, it ended without
+        ``[DONE]``; ``no_finish_reason``, a choice never got one). Without ``[DONE]`` the client
+        gets an error event and ``[DONE]`` (returned), as for any upstream failure mid-stream:
+        the SDKs raise it rather than return a partial answer as whole. A ``[DONE]`` without a
+        ``finish_reason`` is relayed as it is (the client sees ``finish_reason: null``)."""
+        ex.truncated = how
+        self.metrics.stream_truncated(ex.route, how)
+        if how != "no_done":
+            return b""
+        err = UpstreamError(TRUNCATED_CODE, "the upstream ended the stream before it was complete")
+        ex.code = err.code
+        self.metrics.rejected(err.code)
+        return error_event(err.to_body())
 
     async def _write(self, send: Send, data: bytes) -> None:
         """Send one body chunk; a client that stops reading for ``client_timeout_s`` is cut."""
@@ -641,7 +689,7 @@ class Gateway:
         ex.response_started = True
 
     def _record(self, ex: Exchange, span: RequestSpan | None) -> None:
-        duration = time.perf_counter() - ex.start
+        duration = (ex.ended or time.perf_counter()) - ex.start
         self.metrics.request_done(ex.route, ex.status, duration)
         if ex.tenant is not None and ex.status < 400:
             self.metrics.tokens_used(ex.tenant, ex.prompt_tokens, ex.completion_tokens)
@@ -653,6 +701,7 @@ class Gateway:
                 ex.status,
                 ex.code,
                 ex.upstream_code,
+                ex.truncated,
                 ex.tenant,
                 ex.stream,
                 duration,

@@ -13,7 +13,13 @@ request picks a behaviour with the ``x-fake`` header:
 - ``endless``: streams deltas (of ``x-fake-pad`` bytes, default 4) every ``x-fake-interval``
   seconds (default 0) until the client goes away (recorded in ``cancelled``), ignoring
   ``max_tokens``;
+- ``x-fake-linger``: a stream's response ends this many seconds after its ``[DONE]`` (default
+  0; say, an SSE server still tearing down its tasks);
 - ``big``: a JSON body of ``x-fake-bytes`` bytes without Content-Length (chunked);
+- ``no-done``: streams its deltas (the last with ``finish_reason``) and ends without
+  ``[DONE]``;
+- ``done-unfinished``: streams its deltas, none with a ``finish_reason``, then ``[DONE]``
+  (what llama-cpp-python sends for a stream a newer request cut off);
 - ``status``: answers ``x-fake-status`` with an OpenAI error body.
 """
 
@@ -118,7 +124,7 @@ class FakeUpstream:
             )
         chat = request.path == "/v1/chat/completions"
         tokens = int(request.headers.get("x-fake-tokens", "3"))
-        if body.get("stream") or mode in ("endless", "reset-mid-stream"):
+        if body.get("stream") or mode in ("endless", "reset-mid-stream", "no-done"):
             return await self._stream(request, body, chat, tokens, mode, rid)
         text = "tok " * tokens
         choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
@@ -150,7 +156,10 @@ class FakeUpstream:
         mode: str,
         rid: str,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        # x-accel-buffering: as sse-starlette (llama-cpp-python) sends it.
+        resp = web.StreamResponse(
+            headers={"content-type": "text/event-stream", "x-accel-buffering": "no"}
+        )
         await resp.prepare(request)
         interval = float(request.headers.get("x-fake-interval", "0"))
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -178,10 +187,14 @@ class FakeUpstream:
                 assert request.transport is not None
                 request.transport.abort()
                 return resp
+            finish = "stop" if mode != "done-unfinished" else None
             for i in range(tokens):
-                await resp.write(event("tok ", "stop" if i == tokens - 1 else None))
+                await resp.write(event("tok ", finish if i == tokens - 1 else None))
                 if interval:
                     await asyncio.sleep(interval)
+            if mode == "no-done":
+                await resp.write_eof()
+                return resp
             options = body.get("stream_options") or {}
             if options.get("include_usage"):
                 usage = {
@@ -193,6 +206,9 @@ class FakeUpstream:
                 payload.update(choices=[], usage=usage)
                 await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
+            linger = float(request.headers.get("x-fake-linger", "0"))
+            if linger:
+                await asyncio.sleep(linger)
             await resp.write_eof()
         except (asyncio.CancelledError, ConnectionResetError, OSError):
             self.cancelled.append(rid)

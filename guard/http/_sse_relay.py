@@ -89,6 +89,7 @@ class SseRelay:
         self._per_choice: dict[int, int] = {}  # deltas per choice index
         self._deltas = 0
         self._finished: set[int] = set()
+        self._seen: set[int] = set()  # choice indexes the stream has named
         self._cut: set[int] = set()  # choices the relay ended
         self._template: dict[str, Any] | None = None  # id/object/created/model of the stream
         self.tokens_out = 0  # counted in every event, the dropped ones too (the upstream made them)
@@ -96,6 +97,7 @@ class SseRelay:
         self.events = 0
         self.usage: dict[str, Any] | None = None
         self.done = False  # [DONE] seen or written: nothing more goes to the client
+        self.upstream_done = False  # the upstream's own [DONE] was seen (and relayed)
         self.cut = False  # the relay ended the stream at the cap
         self.oversized = False  # an event exceeded max_event_bytes
 
@@ -107,6 +109,12 @@ class SseRelay:
             if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0:
                 return reported
         return self.tokens_out
+
+    @property
+    def unfinished(self) -> bool:
+        """Whether a choice the stream named (a role, a delta) never got a ``finish_reason`` nor
+        was ended by the relay: the upstream stopped generating it part way."""
+        return not self._seen <= self._finished
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to send to the client now; check :attr:`done` afterwards."""
@@ -171,6 +179,7 @@ class SseRelay:
             return event  # comments, keep-alives, other fields
         if data == b"[DONE]":
             self.done = True
+            self.upstream_done = True
             return event
         self.events += 1
         try:
@@ -198,6 +207,8 @@ class SseRelay:
             index = choice.get("index", 0)
             if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < _MAX_INDEX:
                 index = -1
+            else:
+                self._seen.add(index)
             text = _choice_text(choice)
             tokens = max(1, self._count(text)) if text else 0
             event_tokens += tokens

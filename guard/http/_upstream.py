@@ -140,6 +140,20 @@ class UpstreamResponse:
             self.abort()
             raise _map_error(exc) from exc
 
+    async def drain(self, timeout_s: float) -> bool:
+        """Read and drop the rest of the body for at most ``timeout_s``, so that the connection
+        can go back to the pool; on a failure or when time runs out the connection is dropped.
+        True when the body was read to its end."""
+        resp = self._resp
+        try:
+            async with asyncio.timeout(timeout_s):
+                while await resp.read_chunk():
+                    pass
+        except (*_TRANSPORT_ERRORS, TimeoutError):
+            self.abort()
+            return False
+        return True
+
     def abort(self) -> None:
         """Drop the connection (the upstream sees a disconnect and can stop working)."""
         self._resp.close()

@@ -93,6 +93,7 @@ class RequestFields(NamedTuple):
     status: int
     code: str | None
     upstream_code: str | None
+    truncated: str | None  # upstream_stream_truncated: how the upstream's stream ended early
     tenant: str | None
     stream: bool
     duration_s: float
@@ -131,6 +132,8 @@ def _request_line(at: float, f: RequestFields) -> str:
         parts += (',"code":', _quote(f.code))
     if f.upstream_code is not None:
         parts += (',"upstream_code":', _quote(f.upstream_code))
+    if f.truncated is not None:
+        parts += (',"upstream_stream_truncated":', _quote(f.truncated))
     if f.tenant is not None:
         parts += (',"tenant":', _quote(f.tenant))
     parts += (

@@ -131,6 +131,9 @@ _HELP = {
     "in_flight": "Proxied requests being handled.",
     "queue_wait": "Time forwarded requests waited for a concurrency slot.",
     "aborts": "Upstream requests cut short: client_gone, client_too_slow, output_cap, bad_event.",
+    "truncated": "Streams the upstream ended early, by route: no_done (the stream ended without "
+    "[DONE]; the client gets an upstream_stream_truncated error event), no_finish_reason "
+    "([DONE] came while a choice had no finish_reason).",
 }
 
 
@@ -159,6 +162,12 @@ class _Exported(Collector):
         )
         yield _histogram("schedguard_guard_queue_wait_seconds", "queue_wait", m.queue_wait)
         yield _counter("schedguard_guard_upstream_aborts", "aborts", ["reason"], m.aborts)
+        yield _counter(
+            "schedguard_guard_upstream_streams_truncated",
+            "truncated",
+            ["route", "reason"],
+            m.truncated,
+        )
         checks = CounterMetricFamily(
             "schedguard_guard_check_seconds",
             "Total time spent in each step of the check pipeline (parse and each check).",
@@ -222,6 +231,7 @@ class GuardMetrics:
         self.rejections: dict[tuple[str, ...], float] = {}
         self.tokens: dict[tuple[str, ...], float] = {}
         self.aborts: dict[tuple[str, ...], float] = {}
+        self.truncated: dict[tuple[str, ...], float] = {}
         self.overhead = Histogram(_OVERHEAD_BUCKETS)
         self.queue_wait = Histogram(_WAIT_BUCKETS)
         self.upstream_latency = _Family(_LATENCY_BUCKETS)
@@ -248,6 +258,10 @@ class GuardMetrics:
     def aborted(self, reason: str) -> None:
         key = (reason,)
         self.aborts[key] = self.aborts.get(key, 0.0) + 1
+
+    def stream_truncated(self, route: str, reason: str) -> None:
+        key = (route, reason)
+        self.truncated[key] = self.truncated.get(key, 0.0) + 1
 
     def tokens_used(self, tenant: str, prompt: int, completion: int) -> None:
         tokens = self.tokens
