@@ -11,15 +11,20 @@ Routes:
   200 when the body could be judged (``allowed``, ``status``, ``code``, ``message``, ``param``,
   ``costs``, ``mutations``, ``durations_ms``, ``checks``), from the proxied path's own front
   half (:meth:`~guard.gateway.Gateway.admit`): the same framing, route, API-key and checks;
-- ``GET /healthz`` (the process is up), ``GET /readyz`` (the upstream answers its health check;
-  503 ``upstream_unavailable`` otherwise), ``GET /metrics`` (Prometheus, this app's registry),
-  ``GET /openapi.json``.
+- ``GET /healthz`` (the process is up), ``GET /readyz`` (the next request can be served: the
+  upstream answers its health check, else 503 ``upstream_unavailable``; with Redis rate limits
+  that fail closed, Redis answers a PING, else 503 ``rate_limiter_unavailable``, the answer
+  every request would get; failing open, a Redis that does not answer leaves the guard ready,
+  serving without rate limits, and the body says ``"rate_limiter": "failing_open"``),
+  ``GET /metrics`` (Prometheus, this app's registry), ``GET /openapi.json``.
 
 Every error, for any input, is an OpenAI error body with a stable ``code``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import os
 import time
@@ -35,8 +40,19 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from guard.admission import ConcurrencyLimiter, RateLimiter, make_rate_limiter
-from guard.errors import ClientDisconnected, GuardError, InternalError
+from guard.admission import (
+    ConcurrencyLimiter,
+    RateLimiter,
+    RedisRateLimiter,
+    make_rate_limiter,
+)
+from guard.errors import (
+    ClientDisconnected,
+    GuardError,
+    InternalError,
+    Overloaded,
+    UpstreamError,
+)
 from guard.gateway import Gateway, check_outcomes
 from guard.http import (
     Upstream,
@@ -121,15 +137,23 @@ def _metrics(limiter: RateLimiter, slots: ConcurrencyLimiter) -> GuardMetrics:
 
 
 def _new_app(gateway: Gateway) -> _GuardApp:
-    """The FastAPI app in front of ``gateway``; its shutdown flushes the access log and closes
-    the upstream pool and the rate limiter."""
+    """The FastAPI app in front of ``gateway``; while it runs, a Redis rate limiter's store is
+    watched (a failure logged at start and whenever it changes); its shutdown flushes the access
+    log and closes the upstream pool and the rate limiter."""
     upstream, limiter = gateway.upstream, gateway.limiter
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        watch = None
+        if isinstance(limiter, RedisRateLimiter):
+            watch = asyncio.create_task(limiter.watch(), name="schedguard-redis-watch")
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(BaseException):
+                    await watch
             gateway.access_log.flush()
             await upstream.aclose()
             await limiter.aclose()
@@ -156,18 +180,15 @@ def _new_app(gateway: Gateway) -> _GuardApp:
 
 def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
     """``/healthz``, ``/readyz``, ``/metrics`` and the dry run."""
-    upstream, metrics = gateway.upstream, gateway.metrics
+    metrics = gateway.metrics
 
     @app.get("/healthz", summary="The guard process is up")
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    @app.get("/readyz", summary="The upstream answers its health check")
+    @app.get("/readyz", summary="The next request can be served (upstream, rate limiter)")
     async def readyz() -> JSONResponse:
-        if await upstream.ready():
-            return JSONResponse({"status": "ready"})
-        err = GuardError("upstream_unavailable", "the upstream server is not ready", status=503)
-        return JSONResponse(err.to_body(), status_code=503)
+        return await _readiness(gateway)
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus() -> Response:
@@ -180,6 +201,34 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
     )
     async def check(request: Request, path: str = "/v1/chat/completions") -> Response:
         return await _dry_run(gateway, request, path)
+
+
+async def _readiness(gateway: Gateway) -> JSONResponse:
+    """``/readyz``: 200 when the next request can be served. The upstream's health check and,
+    for Redis rate limits, a PING, at once. Redis not answering makes the guard unready only
+    when the policy fails closed (every request would get 503 ``rate_limiter_unavailable``);
+    failing open, requests are served without limits, so it stays ready and says so."""
+    limiter = gateway.limiter
+    redis = limiter if isinstance(limiter, RedisRateLimiter) else None
+    if redis is None:
+        upstream_ok, redis_ok = await gateway.upstream.ready(), True
+    else:
+        upstream_ok, redis_ok = await asyncio.gather(gateway.upstream.ready(), redis.healthy())
+    err: GuardError | None = None
+    if not upstream_ok:
+        err = UpstreamError("upstream_unavailable", "the upstream server is not ready", status=503)
+    elif redis is not None and not redis_ok and redis.on_error == "closed":
+        err = Overloaded(
+            "rate_limiter_unavailable",
+            "the rate limiter's Redis does not answer and the policy fails closed: every "
+            "request would be refused",
+        )
+    if err is not None:
+        return JSONResponse(err.to_body(), status_code=503)
+    body = {"status": "ready"}
+    if not redis_ok:
+        body["rate_limiter"] = "failing_open"
+    return JSONResponse(body)
 
 
 def _delta_counter(counter: TokenCounter) -> Callable[[str], int]:

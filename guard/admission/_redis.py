@@ -8,12 +8,18 @@ counted in ``metrics.backend_errors`` and then either rejects the request (``on_
 503 ``rate_limiter_unavailable``) or lets it through uncharged (``on_error="open"``, counted in
 ``metrics.fail_open``). There is no silent fallback to per-replica memory: N replicas each
 enforcing the full limit would multiply it by N without anyone noticing.
+
+Whether Redis answers is also watched without traffic (:meth:`RedisRateLimiter.watch`: at start,
+then every few seconds) and asked by ``/readyz`` (:meth:`RedisRateLimiter.healthy`); a failure is
+logged when it starts, whoever sees it first (a request, the watch, a probe), and again when
+Redis answers again, never once per request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("guard.admission._ratelimit")
 
 DEFAULT_PREFIX = "schedguard:rl:"
+WATCH_INTERVAL_S = 5.0
 
 
 class RedisRateLimiter:
@@ -66,6 +73,7 @@ class RedisRateLimiter:
         from redis.backoff import NoBackoff
 
         self.on_error: FailurePolicy = on_error
+        self.where = _without_credentials(url) if client is None else "the configured client"
         self.metrics = metrics if metrics is not None else RateLimiterMetrics()
         self._prefix = key_prefix
         self._clock = clock
@@ -149,15 +157,35 @@ class RedisRateLimiter:
         if settled and reservation.limits.token_capacity is not None:
             count_settlement(self.metrics, reservation.tenant, reservation.tokens)
 
+    @property
+    def failing(self) -> bool:
+        """Whether the last operation or check of Redis failed."""
+        return self._failing
+
     async def healthy(self) -> bool:
-        """Whether Redis answers a PING within the operation timeout (for ``/readyz``)."""
+        """Whether Redis answers a PING within the operation timeout (for ``/readyz`` and
+        :meth:`watch`); a change from the last operation's outcome is logged."""
         try:
             async with asyncio.timeout(self._timeout):
-                return bool(await self._client.ping())
+                ok = bool(await self._client.ping())
         except Exception as exc:
             if not _is_backend_error(exc):
                 raise
+            self._mark_failing(exc)
             return False
+        if ok:
+            self._mark_answering()
+        return ok
+
+    async def watch(self, interval_s: float | None = None) -> None:
+        """Check Redis now and every ``interval_s`` (default :data:`WATCH_INTERVAL_S`) until
+        cancelled, so that a Redis that is down at start, or goes down or comes back while no
+        request comes, is logged then (the app runs this for its lifetime)."""
+        if await self.healthy():
+            log.info("rate limiter: Redis at %s answers", self.where)
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S if interval_s is None else interval_s)
+            await self.healthy()
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -183,21 +211,35 @@ class RedisRateLimiter:
         async with asyncio.timeout(self._timeout):
             result = await script(keys=[self.key(tenant)], args=args)
         if self._failing:
-            self._failing = False
-            log.warning("rate limiter: Redis is answering again")
+            self._mark_answering()
         return result
 
     def _backend_failed(self, tenant: str, exc: BaseException) -> None:
         self.metrics.count("backend_errors", tenant)
-        if not self._failing:
-            # Log the transition, not every request: a Redis outage must not flood the log.
-            self._failing = True
-            log.warning(
-                "rate limiter: Redis failed (%s: %s); failing %s",
-                type(exc).__name__,
-                exc,
-                self.on_error,
-            )
+        self._mark_failing(exc)
+
+    def _mark_failing(self, exc: BaseException) -> None:
+        if self._failing:
+            return  # log the transition, not every request: an outage must not flood the log
+        self._failing = True
+        consequence = (
+            "failing closed: every request gets 503 rate_limiter_unavailable and /readyz "
+            "answers 503 until Redis answers"
+            if self.on_error == "closed"
+            else "failing open: requests pass without rate limits until Redis answers"
+        )
+        log.warning(
+            "rate limiter: Redis at %s failed (%s: %s); %s",
+            self.where,
+            type(exc).__name__,
+            exc,
+            consequence,
+        )
+
+    def _mark_answering(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.warning("rate limiter: Redis at %s is answering again", self.where)
 
     def _now(self) -> str:
         return "" if self._clock is None else repr(float(self._clock()))
@@ -220,6 +262,18 @@ def _parse(result: Any) -> tuple[bool, float, float]:
     return int(allowed) == 1, float(req), float(tok)
 
 
+def _without_credentials(url: str) -> str:
+    """``url`` without a user or password (it goes into the log)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "the configured URL"
+    netloc = f"[{host}]{port}" if ":" in host else f"{host}{port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def _is_backend_error(exc: BaseException) -> bool:
     """Redis down, slow or refusing: anything but a bug in this module."""
     from redis.exceptions import RedisError
@@ -227,4 +281,4 @@ def _is_backend_error(exc: BaseException) -> bool:
     return isinstance(exc, RedisError | OSError | TimeoutError)
 
 
-__all__ = ["DEFAULT_PREFIX", "RedisRateLimiter"]
+__all__ = ["DEFAULT_PREFIX", "WATCH_INTERVAL_S", "RedisRateLimiter"]
