@@ -176,25 +176,58 @@ class _Exported(Collector):
         for name, seconds in sorted(m.check_seconds.items()):
             checks.add_metric([name], seconds)
         yield checks
-        events = CounterMetricFamily(
-            "schedguard_guard_limiter_events",
-            "Rate and concurrency limiter events (allowed, rejected_*, fail_open, admitted, "
-            "queue_full, timeout, ...; tokens_* count tokens).",
-            labels=["limiter", "event"],
-        )
-        gauges = GaugeMetricFamily(
-            "schedguard_guard_limiter_state",
-            "Concurrency limiter state now: requests holding a slot or waiting for one.",
-            labels=["state"],
-        )
-        for limiter, snapshot in sorted(m.sources.items()):
-            for event, value in sorted(snapshot().items()):
-                if limiter == "concurrency" and event in ("in_flight", "waiting"):
-                    gauges.add_metric([event], value)
-                else:
-                    events.add_metric([limiter, event], value)
-        yield events
-        yield gauges
+        for source, snapshot in sorted(m.sources.items()):
+            yield from _limiter_families(source, snapshot())
+
+
+# How a limiter's counters (exported by guard.app as "rate" and "concurrency") become series:
+# counts of events, tokens and the state now each in a family of its own, so that no series
+# adds requests to tokens or seconds. The concurrency limiter's total wait is left out: it is
+# the sum of schedguard_guard_queue_wait_seconds already.
+_LIMITER_PREFIX = {
+    "rate": "schedguard_guard_rate_limit",
+    "concurrency": "schedguard_guard_concurrency",
+}
+_LIMITER_TOKENS = {"tokens_reserved": "reserved", "tokens_refunded": "refunded",
+                   "tokens_overshoot": "overshoot"}  # fmt: skip
+_LIMITER_STATE = frozenset({"in_flight", "waiting"})
+_LIMITER_LEFT_OUT = frozenset({"wait_seconds_total"})
+_LIMITER_HELP = {
+    "schedguard_guard_rate_limit_events": "Rate-limit decisions and failures, each one request "
+    "or Redis operation: allowed, rejected_requests, rejected_tokens, rejected_oversize; "
+    "fail_open, fail_closed (decided while Redis failed); backend_errors (Redis operations "
+    "that failed), settle_errors (of them, settlements).",
+    "schedguard_guard_rate_limit_tokens": "Tokens through the token buckets: reserved before "
+    "forwarding, refunded after (reserved but not used), overshoot (used beyond the "
+    "reservation).",
+    "schedguard_guard_concurrency_events": "Concurrency-slot events, each one request: "
+    "admitted, waited (admitted after queueing), queue_full, global_queue_full, timeout, "
+    "global_timeout (refused), cancelled (the client left while queued).",
+    "schedguard_guard_concurrency_requests": "Requests holding a concurrency slot (in_flight) "
+    "or waiting for one (waiting), now.",
+}
+
+
+def _limiter_families(source: str, snapshot: Mapping[str, float]) -> Iterator[Metric]:
+    prefix = _LIMITER_PREFIX.get(source, f"schedguard_guard_{source}")
+
+    def described(suffix: str) -> tuple[str, str]:
+        name = f"{prefix}_{suffix}"
+        return name, _LIMITER_HELP.get(name, f"{source}: {suffix}.")
+
+    events = CounterMetricFamily(*described("events"), labels=["event"])
+    tokens = CounterMetricFamily(*described("tokens"), labels=["kind"])
+    state = GaugeMetricFamily(*described("requests"), labels=["state"])
+    for name, value in sorted(snapshot.items()):
+        if name in _LIMITER_TOKENS:
+            tokens.add_metric([_LIMITER_TOKENS[name]], value)
+        elif name in _LIMITER_STATE:
+            state.add_metric([name], value)
+        elif name not in _LIMITER_LEFT_OUT:
+            events.add_metric([name], value)
+    for family in (events, tokens, state):
+        if family.samples:
+            yield family
 
 
 def _counter(
@@ -225,7 +258,8 @@ class GuardMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         if registry is None:
-            # process_resident_memory_bytes etc.: the dashboard's memory panel and RSS alerts.
+            # process_resident_memory_bytes, process_cpu_seconds_total etc.: the dashboard's
+            # memory and CPU panels.
             ProcessCollector(registry=self.registry)
         self.requests: dict[tuple[str, ...], float] = {}
         self.rejections: dict[tuple[str, ...], float] = {}

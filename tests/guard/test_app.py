@@ -715,9 +715,7 @@ async def test_token_reservations_are_reconciled_with_the_upstream_usage() -> No
             resp = await g.client.post("/v1/chat/completions", json=CHAT)
             assert resp.status_code == 200, resp.text
         text = g.metrics_text()
-        assert (
-            'schedguard_guard_limiter_events_total{event="tokens_refunded",limiter="rate"}' in text
-        )
+        assert 'schedguard_guard_rate_limit_tokens_total{kind="refunded"}' in text
         resp = await g.client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2000})
         assert resp.status_code in (400, 429) and len(g.fake.received) == 5
 

@@ -1,11 +1,19 @@
 """docs/deploy/: the Grafana dashboard and the Prometheus alert rules name only metrics the
-guard exports, and the Kubernetes example puts the guard in front of vLLM (the compose file:
-tests/schedguard/test_compose.py)."""
+guard exports, promtool accepts the rules and their unit tests (the error rate counts proxied
+requests only), and the Kubernetes example puts the guard in front of vLLM (the compose file:
+tests/schedguard/test_compose.py).
+
+promtool comes with Debian's ``prometheus`` package (.ci/run installs it); without it the
+promtool tests are skipped, unless ``CI=true``.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +117,87 @@ def test_alert_rules_are_complete() -> None:
         assert rule["labels"]["severity"] in {"info", "warning", "critical"}
         assert rule["annotations"]["summary"]
     assert len({r["alert"] for r in rules}) == len(rules)
+
+
+def _promtool() -> str:
+    binary = shutil.which("promtool")
+    if binary is not None:
+        return binary
+    message = "promtool not found: apt-get install -y prometheus"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{message} (CI=true: .ci/run installs it)", pytrace=False)
+    pytest.skip(message)
+
+
+def test_promtool_checks_the_alert_rules() -> None:
+    result = subprocess.run(
+        [_promtool(), "check", "rules", str(DEPLOY / "prometheus-alerts.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# The error-rate alert divides 5xx of proxied requests by proxied requests: /readyz answering 503
+# (an upstream still loading) is not an error rate of the traffic; 2% of /v1 requests failing is.
+_ERROR_RATE_TESTS = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'schedguard_guard_requests_total{{route="/readyz",status="503"}}'
+        values: '0+100x30'
+      - series: 'schedguard_guard_requests_total{{route="/metrics",status="500"}}'
+        values: '0+5x30'
+      - series: 'schedguard_guard_requests_total{{route="/v1/chat/completions",status="200"}}'
+        values: '0+100x30'
+    alert_rule_test:
+      - {{eval_time: 20m, alertname: SchedguardErrorRateHigh, exp_alerts: []}}
+  - interval: 1m
+    input_series:
+      - series: 'schedguard_guard_requests_total{{route="/v1/chat/completions",status="200"}}'
+        values: '0+98x30'
+      - series: 'schedguard_guard_requests_total{{route="/v1/completions",status="502"}}'
+        values: '0+2x30'
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: SchedguardErrorRateHigh
+        exp_alerts:
+          - exp_labels: {{severity: critical}}
+            exp_annotations:
+              summary: More than 1% of requests answered 5xx
+              description: "{description}"
+"""
+
+
+def test_error_rate_alert_counts_proxied_requests_only(tmp_path: Path) -> None:
+    rule = next(
+        r
+        for g in _alerts()["groups"]
+        for r in g["rules"]
+        if r["alert"] == "SchedguardErrorRateHigh"
+    )
+    description = rule["annotations"]["description"].replace(
+        "{{ $value | humanizePercentage }}", "2%"
+    )
+    tests = tmp_path / "error-rate-test.yml"
+    tests.write_text(
+        _ERROR_RATE_TESTS.format(
+            rules=json.dumps(str(DEPLOY / "prometheus-alerts.yml")),
+            description=description.replace('"', '\\"'),
+        )
+    )
+    result = subprocess.run(
+        [_promtool(), "test", "rules", str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_kubernetes_sidecar(tmp_path: Path) -> None:
