@@ -1,9 +1,10 @@
 """The proxied request path, as a pure ASGI handler (no Starlette request, no buffering).
 
-The front half, :meth:`Gateway.admit`: framing of the head (header caps) -> route and method ->
-API key -> the body read under caps -> checks (the pipeline's verdict). The dry run
-(``POST /guard/v1/check``) runs the same method, so its verdict is the proxied path's by
-construction. Then: rate limit reservation -> concurrency slot -> upstream -> response relayed
+The front half, :meth:`Gateway.admit`: framing of the head (header caps) -> route and method
+and the path sent upstream (a model id the upstream could not be sent as it was judged: 400
+``invalid_path``) -> API key -> the body read under caps -> checks (the pipeline's verdict).
+The dry run (``POST /guard/v1/check``) runs the same method, so its verdict is the proxied
+path's by construction. Then: rate limit reservation -> concurrency slot -> upstream -> response relayed
 (SSE chunk by chunk with output accounting) -> reconciliation; metrics, the access line and the
 span are written once per request in ``finally``.
 
@@ -61,6 +62,8 @@ from guard.request_view import (
     resolve_key,
     route_not_allowed,
     route_of,
+    upstream_query,
+    upstream_target,
 )
 from guard.telemetry import AccessLog, GuardMetrics, RequestFields, RequestSpan, Tracing
 
@@ -101,6 +104,7 @@ class Exchange:
     route: str
     path: str
     start: float
+    target: str = ""  # the path sent upstream (upstream_target), once the route is settled
     request_id: str = ""
     tenant: str | None = None
     status: int = 500
@@ -352,6 +356,7 @@ class Gateway:
                 status=405,
                 headers={"allow": expected},
             )
+        ex.target = upstream_target(ex.route, ex.path)
         # Only the headers the key and the checks read (RequestView keeps KEPT_HEADERS).
         pairs = normalise_headers([(k, v) for k, v in headers if k.lower() in _VIEWED])
         key = resolve_key(pairs, self.policy)
@@ -522,8 +527,8 @@ class Gateway:
         t_up = time.perf_counter()
         resp = await self.upstream.send(
             ex.method,
-            ex.path,
-            scope.get("query_string", b"").decode("latin-1"),
+            ex.target,
+            upstream_query(scope.get("query_string", b"")),
             scope["headers"],
             body if ex.method == "POST" else None,
             request_id=ex.request_id,

@@ -9,10 +9,12 @@ tenant (:func:`resolve_key`) before the body is parsed, so an unknown key costs 
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
+from urllib.parse import quote
 
 from guard.errors import GuardError, NotFound
 from guard.policy._models import ANONYMOUS_TENANT, KeyEntry, Policy, key_digest
@@ -24,11 +26,14 @@ __all__ = [
     "HeadersLike",
     "RequestView",
     "endpoint_of",
+    "invalid_path",
     "method_of",
     "normalise_headers",
     "resolve_key",
     "route_not_allowed",
     "route_of",
+    "upstream_query",
+    "upstream_target",
 ]
 
 Endpoint = Literal["chat", "completions", "embeddings", "responses", "tokenize", "models", "other"]
@@ -66,6 +71,59 @@ def route_of(path: str, routes: Container[str]) -> str | None:
     if path.startswith("/v1/models/") and len(path) > 11:
         return MODEL_ROUTE
     return None
+
+
+# A model id in /v1/models/<id>: at most this many UTF-8 bytes (Hugging Face ids are under 100).
+MAX_MODEL_ID_BYTES = 256
+# Kept as they are when the id is percent-encoded again for the upstream (RFC 3986 pchar and /).
+_ID_SAFE = "/!$&'()*+,;=:@-._~"
+# Control characters (C0, DEL, C1) and U+FFFD, which is what an invalid UTF-8 escape decodes to.
+_UNSENDABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ufffd\\]")
+
+
+def invalid_path(message: str) -> GuardError:
+    return GuardError("invalid_path", message, param="path")
+
+
+def upstream_target(route: str, path: str) -> str:
+    """The path sent upstream for a request to ``path`` (decoded, as the ASGI scope has it),
+    proxied as ``route``; :func:`invalid_path` (400) when the client's path cannot be sent as the
+    guard judged it. A fixed route is sent as the route itself. A model id is checked (no
+    control characters, no invalid UTF-8 escapes, no backslash, no empty, ``.`` or ``..``
+    segments that a normalising server would resolve to another route, at most
+    :data:`MAX_MODEL_ID_BYTES`) and percent-encoded again, so that the upstream decodes the
+    very id the guard saw, whatever the client's spelling (``%0d%0a``, ``%E2%82%AC``, ``%2e``).
+    """
+    if route != MODEL_ROUTE:
+        return route
+    model = path[len("/v1/models/") :]
+    if len(model.encode("utf-8", "surrogatepass")) > MAX_MODEL_ID_BYTES:
+        raise invalid_path(f"the model id is longer than {MAX_MODEL_ID_BYTES} bytes")
+    if _UNSENDABLE.search(model):
+        raise invalid_path(
+            "the model id has control characters, a backslash or invalid UTF-8 escapes"
+        )
+    if any(segment in ("", ".", "..") for segment in model.split("/")):
+        raise invalid_path("the model id has an empty, '.' or '..' path segment")
+    try:
+        encoded = quote(model, safe=_ID_SAFE, encoding="utf-8", errors="strict")
+    except UnicodeEncodeError:  # a lone surrogate
+        raise invalid_path("the model id is not valid Unicode") from None
+    return "/v1/models/" + encoded
+
+
+def upstream_query(query: bytes) -> str:
+    """The query string sent upstream: the client's bytes as they are when they are printable
+    ASCII without spaces (what an HTTP/1.1 request target may hold; httptools refuses the rest
+    before the app sees it, another ASGI server might not); else :func:`invalid_path`."""
+    if not query:
+        return ""
+    if not (query.isascii() and query.translate(None, _TARGET_BYTES) == b""):
+        raise invalid_path("the query string has bytes a request target may not hold")
+    return query.decode("ascii")
+
+
+_TARGET_BYTES = bytes(range(0x21, 0x7F))
 
 
 def method_of(route: str) -> str:

@@ -120,20 +120,40 @@ class GuardHttpToolsProtocol(HttpToolsProtocol):
                 return
         super().data_received(data)
 
-    def _refuse_head(self, code: str, message: str) -> None:
+    def send_400_response(self, msg: str) -> None:
+        """A head httptools cannot parse (bad bytes in the request line or a header, a request
+        smuggling shape): 400 ``invalid_http_request`` as an OpenAI error body, where uvicorn
+        sends plain text."""
+        self._refuse_head("invalid_http_request", "the request is not valid HTTP/1.1", 400)
+
+    def _refuse_head(self, code: str, message: str, status: int = 431) -> None:
         if self.transport.is_closing():
             return
         _REFUSED[code] = _REFUSED.get(code, 0) + 1
-        err = GuardError(code, message, status=431)
-        body = json.dumps(err.to_body(), separators=(",", ":")).encode()
-        head = (
-            "HTTP/1.1 431 Request Header Fields Too Large\r\n"
-            "content-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n"
-        ).encode()
-        self.transport.write(head + body)
+        self.transport.write(error_response(GuardError(code, message, status=status)))
         self.transport.close()
+
+
+def error_response(err: GuardError) -> bytes:
+    """A whole ``connection: close`` response with ``err``'s OpenAI error body, for the server
+    protocol to write itself (no app behind it)."""
+    body = json.dumps(err.to_body(), separators=(",", ":")).encode()
+    head = (
+        f"HTTP/1.1 {err.status} {_REASONS.get(err.status, 'Error')}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+_REASONS = {
+    400: "Bad Request",
+    408: "Request Timeout",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
 
 
 class _HeadCork:

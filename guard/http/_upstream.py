@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
 
-from guard.errors import ConnectFailed, TransportError, UpstreamError
+from guard.errors import ConnectFailed, GuardError, TransportError, UpstreamError
 from guard.http._client import (
     KEEPALIVE_S,
     ConnectionPool,
@@ -249,8 +249,14 @@ class Upstream:
             resp = await self._get_pool().request(method, target, out, body)
         except _TRANSPORT_ERRORS as exc:
             raise _map_error(exc) from exc
-        except (ValueError, UnicodeEncodeError) as exc:  # a header that cannot be sent
-            raise UpstreamError("upstream_error", "the request cannot be forwarded") from exc
+        except (ValueError, UnicodeEncodeError) as exc:
+            # A header or path of the client's that cannot be sent (CR, LF or NUL, text outside
+            # Latin-1): the client's doing, a 400, not the upstream's failure. The gateway
+            # validates the path first; this is the backstop under any ASGI server.
+            raise GuardError(
+                "request_not_forwardable",
+                "the request has a header or path that cannot be forwarded",
+            ) from exc
         return UpstreamResponse(resp)
 
     async def ready(self) -> bool:

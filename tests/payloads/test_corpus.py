@@ -160,7 +160,8 @@ def test_payload_metadata(payload: Any) -> None:
     if payload.class_ == "http_framing":
         assert payload.layer == "http"
     if payload.layer == "http":
-        assert payload.class_ == "http_framing" or "flood" in payload.tags
+        # Benign look-alikes of framing attacks (a model id outside Latin-1) are judged there too.
+        assert payload.class_ in ("http_framing", "benign") or "flood" in payload.tags
     else:
         assert payload.transport is None
     assert payload.endpoint.startswith("/v1/")
@@ -172,7 +173,8 @@ def test_payload_metadata(payload: Any) -> None:
 @pytest.mark.parametrize("payload", CORPUS, ids=_ids(CORPUS))
 def test_body_within_bound_and_well_formed(payload: Any) -> None:
     body = payload.body_bytes()
-    assert 0 < len(body) <= payload.size_bound <= gen.MAX_OUT_BYTES
+    assert len(body) <= payload.size_bound <= gen.MAX_OUT_BYTES
+    assert body or payload.method == "GET"  # a GET route takes no body
     if payload.layer == "pipeline":
         assert len(body) <= GUARD_MAX_BODY_BYTES
     if not payload.raw:
