@@ -64,6 +64,7 @@ CLASSES: tuple[str, ...] = (
     "multimodal_fan_out",
     "redos_parser",
     "volume",
+    "upstream_control",
 )
 BENIGN = "benign"
 PayloadKind = Literal["attack", "benign", "all"]

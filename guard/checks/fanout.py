@@ -3,14 +3,16 @@
 ``n``, ``best_of``, ``logprobs`` / ``top_logprobs`` (and TGI's ``top_n_tokens``),
 ``prompt_logprobs``, the number of prompts in a list-valued ``prompt`` / ``input``, ``min_tokens``
 against the output cap, the number and length of ``stop`` sequences, the size of ``logit_bias``,
-and the number of chat messages and content parts. Values are read leniently, as upstreams read
+of the token-id lists (``stop_token_ids``, ``allowed_token_ids``, ``logprob_token_ids``) and of
+``bad_words``, and the number of chat messages and content parts. Values are read leniently, as upstreams read
 them (``"n": "1e6"`` is a million to vLLM), and a negative ``logprobs`` or ``prompt_logprobs``
 (the whole vocabulary, to vLLM) is over any cap.
 
 Codes (all 400): ``n_exceeded``, ``best_of_exceeded``, ``logprobs_exceeded``,
 ``top_logprobs_exceeded``, ``prompt_logprobs_exceeded``, ``prompts_exceeded``,
 ``min_tokens_exceeds_max_tokens``, ``stop_exceeded``, ``logit_bias_exceeded``,
-``messages_exceeded``, ``content_parts_exceeded``.
+``messages_exceeded``, ``content_parts_exceeded``, ``token_ids_exceeded``,
+``bad_words_exceeded``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def _cap(code: str, name: str, value: int, limit: int, *, negative_is_all: bool 
         )
 
 
+# Token-id lists vLLM masks or scores on every generated token.
+_TOKEN_ID_LISTS = ("stop_token_ids", "allowed_token_ids", "logprob_token_ids")
+
 # Every top-level field the check reads besides messages; a body with none of them passes
 # all but the messages part (absent fields are None, and None passes each cap).
 _FANOUT_FIELDS = frozenset(
@@ -52,6 +57,8 @@ _FANOUT_FIELDS = frozenset(
         "min_tokens",
         "stop",
         "logit_bias",
+        *_TOKEN_ID_LISTS,
+        "bad_words",
     }
 )
 
@@ -128,6 +135,22 @@ def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
             "logit_bias_exceeded",
             f"logit_bias has {_count(bias)} entries; the limit is {limits.max_logit_bias}",
             param="logit_bias",
+        )
+
+    for name in _TOKEN_ID_LISTS:
+        entries = _count(body.get(name))
+        if entries > limits.max_token_ids:
+            raise LimitExceeded(
+                "token_ids_exceeded",
+                f"{name} has {entries} entries; the limit is {limits.max_token_ids}",
+                param=name,
+            )
+    if _count(body.get("bad_words")) > limits.max_bad_words:
+        raise LimitExceeded(
+            "bad_words_exceeded",
+            f"bad_words has {_count(body.get('bad_words'))} entries; the limit is "
+            f"{limits.max_bad_words}",
+            param="bad_words",
         )
 
     _check_messages(body, limits.max_messages, limits.max_content_parts)

@@ -7,7 +7,9 @@ everything deeper is the upstream's to validate.
 
 Codes: ``body_not_object``, ``missing_field``, ``invalid_type``, ``invalid_value``,
 ``unknown_field`` (with ``limits.schema.unknown_fields: reject``), ``field_not_allowed``
-(``limits.schema.denied_fields``). All 400.
+(``limits.schema.denied_fields``, and vLLM's cost fields with a value that costs: see
+:mod:`guard.checks._cost_fields`). All 400. The one mutation: ``store: false`` on a Responses
+request that does not set it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from guard.checks import _schema_fields as fields
+from guard.checks._cost_fields import check_cost_fields
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import GuardError
 from guard.policy._models import Policy
@@ -86,4 +89,5 @@ def check_schema(view: RequestView, policy: Policy) -> CheckResult | None:
     n, best_of = body.get("n"), body.get("best_of")
     if type(n) is int and type(best_of) is int and best_of < n:
         raise GuardError("invalid_value", "best_of must be >= n", param="best_of")
-    return None
+    mutations = check_cost_fields(body, view.endpoint)
+    return CheckResult.passed(mutations=mutations) if mutations else None

@@ -41,6 +41,7 @@ from guard.errors import ConnectFailed, ResponseBroken, UpstreamTimeout
 
 __all__ = [
     "KEEPALIVE_S",
+    "UPSTREAM_CONTROL_HEADERS",
     "ConnectionPool",
     "PooledResponse",
     "UpstreamConfig",
@@ -58,6 +59,14 @@ class _StaleConnection(ResponseBroken):
     """A reused connection closed before any byte of the response: safe to send again (a
     signal inside the pool, never raised out of it)."""
 
+
+# Request headers through which a client steers vLLM's scheduler, routing or answers.
+UPSTREAM_CONTROL_HEADERS: tuple[str, ...] = (
+    "x-vllm-priority",
+    "x-session-id",
+    "x-data-parallel-rank",
+    "endpoint-load-metrics-format",
+)
 
 # Idle pooled connections are closed after this; below the upstream's own keep-alive timeout
 # (uvicorn's default is 5 s), so that a connection the upstream is closing is not reused.
@@ -97,6 +106,23 @@ class UpstreamConfig:
         description="Pooled keep-alive connections to the upstream, at most; as many as the "
         "upstream's concurrent requests (vLLM's default `max_num_seqs` is 256).",
     )
+    strip_headers: tuple[str, ...] = Field(
+        default=UPSTREAM_CONTROL_HEADERS,
+        description="Client headers never forwarded, by name (any case): vLLM 0.32 reads "
+        "`X-Vllm-Priority` (overrides the body's `priority`: preempts other tenants under "
+        "priority scheduling), `X-Session-ID` (session affinity), `X-data-parallel-rank` (pins "
+        "the data-parallel rank) and `endpoint-load-metrics-format` (answers with the engine's "
+        "load: KV-cache use, queue). Hop-by-hop and framing headers, `authorization` and "
+        "`x-request-id` are the guard's own business in any case.",
+    )
+
+    @pydantic.field_validator("strip_headers")
+    @classmethod
+    def _header_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}", name):
+                raise ValueError(f"{name[:40]!r} is not a header name")
+        return tuple(name.lower() for name in value)
 
     @pydantic.field_validator("url")
     @classmethod

@@ -197,6 +197,7 @@ class Upstream:
         self.api_key = api_key
         self.keepalive_s = keepalive_s
         self._pool: ConnectionPool | None = None
+        self._dropped = _NOT_FORWARDED_RAW | {h.encode("latin-1") for h in config.strip_headers}
 
     def _get_pool(self) -> ConnectionPool:
         pool = self._pool
@@ -224,20 +225,22 @@ class Upstream:
         """Send one request; return once the response headers are in.
 
         ``headers`` are the client's raw ASGI headers; hop-by-hop and framing headers are
-        dropped. ``authorization`` replaces the client's (``None`` sends none); the configured
-        ``api_key`` wins over both. ``extra_headers`` replace the client's headers of the same
+        dropped, and so are ``config.strip_headers`` (the upstream-control headers: vLLM's
+        priority, session and rank headers); ``authorization`` replaces the client's (``None``
+        sends none); the configured ``api_key`` wins over both. ``extra_headers`` replace the client's headers of the same
         name (trace context, say).
         """
+        dropped = self._dropped
         if extra_headers:
             replaced = {name.lower().encode("latin-1") for name in extra_headers}
             out = [
                 (name, value)
                 for name, value in headers
-                if name not in _NOT_FORWARDED_RAW and name not in replaced
+                if name not in dropped and name not in replaced
             ]
             out.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in extra_headers.items())
         else:
-            out = [(name, value) for name, value in headers if name not in _NOT_FORWARDED_RAW]
+            out = [(name, value) for name, value in headers if name not in dropped]
         out.append(_IDENTITY)
         out.append((b"x-request-id", request_id.encode("latin-1")))
         if self.api_key is not None:

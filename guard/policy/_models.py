@@ -53,6 +53,23 @@ class Section(BaseModel):
 # -- limits -----------------------------------------------------------------------------------
 
 
+# The default `limits.schema.denied_fields` (reasons in its description).
+DENIED_FIELDS: tuple[str, ...] = (
+    "logits_processors",
+    "mm_processor_kwargs",
+    "media_io_kwargs",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "vllm_xargs",
+    "request_id",
+    "session_id",
+    "prompt_embeds",
+    "return_prompt_text",
+    "previous_response_id",
+    "previous_input_messages",
+)
+
+
 class SchemaPolicy(Section):
     unknown_fields: Literal["allow", "reject"] = Field(
         default="allow",
@@ -67,10 +84,19 @@ class SchemaPolicy(Section):
         "upstream's own extensions you accept unchecked.",
     )
     denied_fields: tuple[str, ...] = Field(
-        default=("logits_processors", "mm_processor_kwargs"),
-        description="Top-level fields refused in every mode (`field_not_allowed`). "
-        "`logits_processors` names code for vLLM to load; `mm_processor_kwargs` overrides the "
-        "media processor (frames, pixels) behind the multimodal caps.",
+        default=DENIED_FIELDS,
+        description="Top-level fields refused whatever their value, in every `unknown_fields` "
+        "mode (`field_not_allowed`): vLLM 0.32's fields that reach code, caches or limits "
+        "behind the guard (the table of vLLM's cost fields above). `logits_processors` names "
+        "code for vLLM to load; `mm_processor_kwargs` and `media_io_kwargs` override the "
+        "media processor and loader (frames, pixels) behind the multimodal caps; "
+        "`kv_transfer_params` (its `prompt_token_ids` replace the rendered prompt, past the "
+        "token count), `ec_transfer_params` and `vllm_xargs` go to the engine and its plugins; "
+        "a client `request_id` names the stored response on the Responses API (another "
+        "tenant's, when it collides) and `session_id` routes; `prompt_embeds` is up to 2 GiB "
+        "of tensor; `return_prompt_text` returns the server-side template and system prompt; "
+        "`previous_response_id` and `previous_input_messages` replay server-stored history "
+        "the guard never counted. Remove one only if a trusted client needs it.",
     )
 
 
@@ -217,15 +243,26 @@ class FanoutPolicy(Section):
         "sequence; vLLM GHSA-3mwp-wvh9-7528).",
     )
     max_stop_sequences: PosInt = Field(
-        default=8,
-        description="Most `stop` sequences (OpenAI and TGI: 4; each is matched against every "
-        "output delta).",
+        default=4,
+        description="Most `stop` sequences (vLLM's `VLLM_MAX_STOP_STRINGS`, OpenAI and TGI: "
+        "4; each is matched against every output delta).",
     )
     max_stop_bytes: PosInt = Field(
         default=256, description="Longest `stop` sequence, in UTF-8 bytes."
     )
     max_logit_bias: NonNegInt = Field(
         default=300, description="Most `logit_bias` entries (OpenAI's limit: 300)."
+    )
+    max_token_ids: NonNegInt = Field(
+        default=1024,
+        description="Most entries in each of `stop_token_ids`, `allowed_token_ids` and "
+        "`logprob_token_ids` (vLLM builds a mask or scores each of them on every generated "
+        "token; it caps only `logprob_token_ids`, at 128).",
+    )
+    max_bad_words: NonNegInt = Field(
+        default=128,
+        description="Most `bad_words` (each is tokenized twice and checked on every token; "
+        "vLLM's `VLLM_MAX_NUM_BAD_WORDS`: 128).",
     )
     max_messages: PosInt = Field(default=512, description="Most chat messages in one request.")
     max_content_parts: PosInt = Field(

@@ -60,6 +60,7 @@ THREAT_ROWS = {
     "multimodal fan-out": "multimodal_fan_out",
     "ReDoS in parsers": "redos_parser",
     "volume": "volume",
+    "upstream control fields": "upstream_control",
 }
 OTHER_REFERENCES = {"SEED.md", "OWASP-LLM10", "TGI-defaults"}
 
