@@ -188,7 +188,9 @@ class _Live:
             self.metrics = HttpClient(f"{scheme}://{host}:{port}", limiter=self.limiter)
             metrics_path = path or "/metrics"
         self.auto_pids = any(isinstance(p, str) for p in opts.pids)
-        self.monitor = RssMonitor(self._pids(), self.metrics, metrics_path)
+        self.monitor = RssMonitor(
+            self._pids(), self.metrics, metrics_path, horizon_s=2 * opts.timeout_s + 60
+        )
         patterns = tuple(re.compile(p) for p in opts.ignore_5xx)
         self.budgets = LiveBudgets(
             timeout_s=opts.timeout_s,
@@ -343,6 +345,7 @@ class _Live:
             seed=opts.seed,
             minimise_s=options.minimise_s,
             max_tests=opts.max_minimise_tests,
+            confirm_faults=opts.jobs > 1,
             note=self.note,
         )
         if self.model:

@@ -16,7 +16,6 @@ import bisect
 import contextlib
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 
 import psutil
@@ -66,6 +65,7 @@ class RssMonitor:
         metrics_path: str = "",
         *,
         interval_s: float = 0.05,
+        horizon_s: float = 600.0,
     ) -> None:
         self.pids = list(pids)
         self.metrics = metrics
@@ -77,8 +77,10 @@ class RssMonitor:
         self._metrics_at = 0.0
         self._metrics_rss = 0
         self._lock = threading.Lock()
-        self._times: deque[float] = deque(maxlen=100_000)
-        self._values: deque[int] = deque(maxlen=100_000)
+        # Samples of the last ``horizon_s`` seconds (a request's window is within them).
+        self.horizon_s = horizon_s
+        self._times: list[float] = []
+        self._values: list[int] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.peak = 0
@@ -174,8 +176,12 @@ class RssMonitor:
             return 0
         with self._lock:
             value = self._process_rss() + self._metrics_rss_now()
-            self._times.append(time.monotonic())
+            now = time.monotonic()
+            self._times.append(now)
             self._values.append(value)
+            if len(self._times) > 4096 and self._times[0] < now - self.horizon_s:
+                cut = bisect.bisect_left(self._times, now - self.horizon_s)
+                del self._times[:cut], self._values[:cut]
             self.peak = max(self.peak, value)
             return value
 
@@ -195,10 +201,9 @@ class RssMonitor:
         self.sample()
         since, base = mark
         with self._lock:
-            times = list(self._times)
-            i = bisect.bisect_left(times, since)
-            values = list(self._values)[i:]
-        return max(0, max(values, default=base) - base)
+            i = bisect.bisect_left(self._times, since)
+            peak = max(self._values[i:], default=base)
+        return max(0, peak - base)
 
 
 class Health:

@@ -14,7 +14,7 @@ search engine's queue), with a benign seed re-sent now and then.
 
 from __future__ import annotations
 
-import copy
+import json
 import math
 import random
 import threading
@@ -80,7 +80,7 @@ class RequestMutator:
             return seed if len(seed.raw) <= self.max_body_bytes else None
         if not isinstance(seed.body, dict):
             return None
-        body = copy.deepcopy(seed.body)
+        body = _copy(seed)
         if self.model is not None:
             body["model"] = self.model
         out = seed.with_body(body)
@@ -91,10 +91,10 @@ class RequestMutator:
         for _ in range(tries):
             base = parent if isinstance(parent.body, dict) else rng.choice(self.json_seeds)
             try:
-                body: dict[str, Any] = copy.deepcopy(base.body)
+                body: dict[str, Any] = _copy(base)
             except RecursionError:
                 base = rng.choice(self.json_seeds)
-                body = copy.deepcopy(base.body)
+                body = _copy(base)
             ctx = Context(rng, self.texts, base.path)
             names: list[str] = []
             for _ in range(_stack_depth(rng)):
@@ -125,6 +125,12 @@ class RequestMutator:
         fallback = rng.choice(self.json_seeds)
         out = self.seed_request(fallback, rng)
         return out if out is not None else fallback
+
+
+def _copy(req: LiveRequest) -> Any:
+    """A fresh copy of the request's body, parsed again from its (cached) bytes: several times
+    faster than ``copy.deepcopy`` on the corpus's large bodies."""
+    return json.loads(req.to_bytes().decode("utf-8", "surrogatepass"))
 
 
 def _stack_depth(rng: random.Random) -> int:
@@ -194,7 +200,9 @@ class Scheduler:
         elif self.benign and rng.random() < self.benign_parents:
             parent = rng.choice(self.benign)
         else:
-            parent = rng.choice(self.seeds)
+            # The smaller of two: the corpus's megabyte bodies are mutated less often (a child
+            # costs its parent's size to build, send and parse).
+            parent = min(rng.choice(self.seeds), rng.choice(self.seeds), key=lambda r: r.size)
         return self.mutator.mutate(parent, rng)
 
     def feedback(self, req: LiveRequest, score: float) -> None:

@@ -16,7 +16,8 @@ guard would forward it (its mutations applied, e.g. an injected ``max_tokens``),
 above; on top of that an answer whose ``usage.prompt_tokens`` is above the guard's
 ``costs.prompt_tokens`` (or ``usage.completion_tokens`` above ``costs.output_tokens_reserved``)
 is an ``undercount``. A benign payload the guard refuses is sent to the upstream too: served
-cheaply (2xx within the budgets), it is a ``false_positive``.
+cheaply (2xx within the budgets, and for a token refusal with ``usage.prompt_tokens`` within
+the limit the refusal names), it is a ``false_positive``.
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ class LiveOracle:
             served = self.send(req)
             out = served.outcome
             reply = served.reply
-            if out.verdict == "ok" and reply is not None and reply.status is not None:
+            if out.verdict == "ok" and reply is not None and _within_limit(verdict, served):
                 msg = f"the guard refuses it ({code}); the upstream served it ({reply.status})"
                 where = f"{code}:{req.seed_id}"
                 fp = Outcome("false_positive", out.cost, code, msg, where, code)
@@ -289,6 +290,25 @@ class LiveOracle:
             sig = f"guard:{g.status}:{g.error_code() or error_signature(g.error_message())}"
             return Outcome("server_error", cost, f"HTTP{g.status}", g.error_message(), sig)
         return Outcome("rejected", cost, f"HTTP{g.status}", g.error_message(), None, g.error_code())
+
+
+# The guard's message names the limit a token refusal applies ("... than the limit of 2048").
+_LIMIT = re.compile(r"limit (?:of |is )?(\d+)")
+_TOKEN_CODES = frozenset({"prompt_tokens_exceeded", "context_length_exceeded"})
+
+
+def _within_limit(verdict: dict[str, Any], served: Measured) -> bool:
+    """Whether the upstream's own count is within the limit a token refusal names: a request
+    the upstream counts over the guard's cap is refused rightly, however cheaply served. (The
+    dry run gives no costs with a refusal; the limit is read from its message.)"""
+    if verdict.get("code") not in _TOKEN_CODES:
+        return True
+    m = _LIMIT.search(str(verdict.get("message") or ""))
+    usage = served.extra.get("usage") or {}
+    prompt = _int(usage.get("prompt_tokens"))
+    if m is None or prompt is None:
+        return True
+    return prompt <= int(m.group(1))
 
 
 def _int(value: Any) -> int | None:

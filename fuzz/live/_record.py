@@ -2,10 +2,12 @@
 
 :meth:`LiveRecorder.consider` takes a request the oracle called a finding and:
 
-1. confirms a measured crossing (latency or memory over the budget) by sending it again:
-   other load on the machine is not a finding;
-2. skips it when its cause is known (a crash, hang or 5xx of the same kind), or, for an
+1. skips it when its cause is known (a crash, hang or 5xx of the same kind), or, for an
    under-count, when a request with the same unusual fields was examined already;
+2. confirms a measured crossing (latency or memory over the budget) by sending it again:
+   other load on the machine is not a finding; with concurrent workers, a crash or hang too
+   (every request in flight when the server died failed: the finding is the one that kills
+   it again alone);
 3. minimises it with :func:`fuzz.live._shrink.shrink_json` against the live server (bounded in
    tests and time), the predicate being "the same finding again": the same cause, or for an
    under-count an excess of at least half the original (so the minimised request keeps the
@@ -58,8 +60,8 @@ __all__ = [
 # The name of an under-count that needs no field beyond a plain chat's: the template's own text.
 OVERHEAD = "template-overhead"
 
-# The fields of a plain chat and a plain completion: an under-count needing none but these is
-# the chat template's own overhead.
+# The fields of a plain chat (content a string or text parts) and a plain completion: an
+# under-count needing none but these is the chat template's own overhead.
 BASELINE: frozenset[str] = frozenset(
     {
         "model",
@@ -67,6 +69,8 @@ BASELINE: frozenset[str] = frozenset(
         "messages[]",
         "messages[].role",
         "messages[].content",
+        "messages[].content[type=text]",
+        "messages[].content[type=text].text",
         "prompt",
         "max_tokens",
         "max_completion_tokens",
@@ -76,6 +80,7 @@ BASELINE: frozenset[str] = frozenset(
     }
 )
 _MEASURED = frozenset({"budget"})
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 # Tokens an under-count must keep above what its plain-chat core shows, when minimised.
 _MARGIN = 16
 _GUIDED = frozenset(
@@ -100,9 +105,18 @@ class _Abort(Exception):
     """The server cannot be brought back: stop minimising."""
 
 
+def _item_path(prefix: str, item: Any) -> str:
+    """A list item's path: ``[]``, or ``[type=...]`` for a content part with a string type
+    (what a template renders depends on a part's type, not on a tool's)."""
+    kind = item.get("type") if isinstance(item, dict) else None
+    if isinstance(kind, str) and prefix.endswith("content"):
+        return f"{prefix}[type={kind}]"
+    return f"{prefix}[]"
+
+
 def shape_paths(doc: Any, prefix: str = "") -> set[str]:
-    """Every field path of ``doc``: list items as ``[]``, an object with a string ``type`` as
-    ``[type=...]`` (``messages[].content[type=refusal].refusal``)."""
+    """Every field path of ``doc``: list items as ``[]``, content parts as ``[type=...]``
+    (``messages[].content[type=refusal].refusal``), ``type`` keys left out."""
     out: set[str] = set()
     if isinstance(doc, dict):
         for k, v in doc.items():
@@ -113,8 +127,7 @@ def shape_paths(doc: Any, prefix: str = "") -> set[str]:
             out |= shape_paths(v, path)
     elif isinstance(doc, list):
         for item in doc[:64]:
-            kind = item.get("type") if isinstance(item, dict) else None
-            path = f"{prefix}[type={kind}]" if isinstance(kind, str) else f"{prefix}[]"
+            path = _item_path(prefix, item)
             out.add(path)
             out |= shape_paths(item, path)
     return out
@@ -143,17 +156,30 @@ def remove_paths(doc: Any, paths: set[str], prefix: str = "") -> Any:
     if isinstance(doc, list):
         items = []
         for item in doc:
-            kind = item.get("type") if isinstance(item, dict) else None
-            path = f"{prefix}[type={kind}]" if isinstance(kind, str) else f"{prefix}[]"
+            path = _item_path(prefix, item)
             if path not in paths:
                 items.append(remove_paths(item, paths, path))
         return items
     return doc
 
 
+def _plain_text(content: Any) -> str:
+    """A message content as the plain text a chat of text parts carries."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    texts = [
+        p["text"]
+        for p in content
+        if isinstance(p, dict) and p.get("type") in _TEXT_PARTS and isinstance(p.get("text"), str)
+    ]
+    return "".join(texts)
+
+
 def baseline_body(doc: Any) -> dict[str, Any] | None:
-    """``doc`` reduced to the fields of :data:`BASELINE` (message contents that are not a
-    string become empty), or None when it is not an object."""
+    """``doc`` reduced to the fields of :data:`BASELINE`: every message a role and its text
+    (text parts joined), or None when it is not an object."""
     if not isinstance(doc, dict):
         return None
     top = {p for p in BASELINE if "." not in p and "[" not in p}
@@ -162,10 +188,7 @@ def baseline_body(doc: Any) -> dict[str, Any] | None:
         out["prompt"] = doc["prompt"]
     if isinstance(doc.get("messages"), list):
         out["messages"] = [
-            {
-                "role": m.get("role"),
-                "content": m["content"] if isinstance(m.get("content"), str) else "",
-            }
+            {"role": m.get("role"), "content": _plain_text(m.get("content"))}
             for m in doc["messages"]
             if isinstance(m, dict)
         ]
@@ -232,6 +255,7 @@ class LiveRecorder:
         minimise: bool = True,
         minimise_s: float = 20.0,
         max_tests: int = 200,
+        confirm_faults: bool = False,
         note: Callable[[str], None] | None = None,
     ) -> None:
         self.oracle = oracle
@@ -244,6 +268,7 @@ class LiveRecorder:
         self.minimise = minimise
         self.minimise_s = minimise_s
         self.max_tests = max_tests
+        self.confirm_faults = confirm_faults
         self.note = note or (lambda _text: None)
         self.duplicates: Counter[str] = Counter()
         self.unconfirmed = 0
@@ -268,11 +293,12 @@ class LiveRecorder:
     def _consider(self, req: LiveRequest, measured: Measured, at: float) -> Finding | None:
         outcome = measured.outcome
         verdict = outcome.verdict
-        if verdict in _MEASURED:
-            again = self.oracle.run(req)
-            if cause_of(again.outcome) != cause_of(outcome):
-                self.unconfirmed += 1
-                return None
+        if verdict != "undercount" and self.findings.has(cause_of(outcome)):
+            self.duplicates[cause_of(outcome)] += 1
+            return None
+        if not self._confirmed(req, measured):
+            self.unconfirmed += 1
+            return None
         if verdict == "undercount":
             novel = frozenset(shape_paths(req.body) - BASELINE)
             if novel in self.examined:
@@ -298,10 +324,6 @@ class LiveRecorder:
                 need = min(need, max(core, 0) + _MARGIN)
         else:
             need = 0
-            cause = cause_of(outcome)
-            if self.findings.has(cause):
-                self.duplicates[cause] += 1
-                return None
         small, final, stats_tests, minimised = req, measured, 0, False
         if self.minimise:
             try:
@@ -339,6 +361,21 @@ class LiveRecorder:
         self.findings.add(finding)
         self.requests[cause] = small
         return finding
+
+    def _confirmed(self, req: LiveRequest, measured: Measured) -> bool:
+        """Send a measured crossing (latency, memory) again: other load on the machine is not
+        a finding. With concurrent workers (``confirm_faults``), a crash or a hang too: every
+        request in flight when the server died failed, only the one that kills it again alone
+        is the finding (the server is brought back first; when it cannot be, the request is
+        taken as it is)."""
+        out = measured.outcome
+        faults = out.verdict in ("crash", "timeout") and self.confirm_faults
+        if out.verdict not in _MEASURED and not faults:
+            return True
+        if faults and not self.oracle.alive() and not self.recover():
+            return True
+        again = self.oracle.run(req)
+        return cause_of(again.outcome) == cause_of(out)
 
     def _known_explains(
         self, req: LiveRequest, measured: Measured, novel: frozenset[str], need: int

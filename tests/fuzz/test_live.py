@@ -351,6 +351,22 @@ def test_shape_signature() -> None:
         "messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": {"a": "b"}}}]}]
     }
     assert shape_signature(args) == "messages[].tool_calls[].function.arguments.a"
+    tools = {"tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert shape_signature(tools) == "tools[].function.name"  # a tool's type is not a shape
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}
+    assert shape_signature(parts) == "template-overhead"  # text parts are a plain chat
+
+
+def test_a_token_refusal_over_the_upstream_s_own_count_is_not_a_false_positive() -> None:
+    from fuzz.live._oracle import Measured, _within_limit
+    from fuzz.oracle import Outcome
+
+    refusal = {"code": "prompt_tokens_exceeded", "message": "more tokens than the limit of 2048"}
+    over = Measured(Outcome("ok", Cost()), extra={"usage": {"prompt_tokens": 3013}})
+    under = Measured(Outcome("ok", Cost()), extra={"usage": {"prompt_tokens": 1500}})
+    assert not _within_limit(refusal, over)
+    assert _within_limit(refusal, under)
+    assert _within_limit({"code": "n_exceeded", "message": "the limit of 16"}, over)
 
 
 def test_rss_monitor_reads_processes_and_metrics(fake: Fake) -> None:
@@ -398,7 +414,9 @@ def test_black_box_restart_lets_a_crash_be_minimised(fake: Fake, tmp_path: Path)
         {"deep-grammar": {**HELLO, "temperature": 0.5, "stop": ["x"], "grammar": grammar}},
         {"hello": HELLO},
     )
-    opts = _options(fake, tmp_path, corpus, duration_s=12, restart_cmd=fake.restart_cmd,
+    # Two workers: every request in flight when the server dies fails; the finding must be the
+    # one that kills it again alone.
+    opts = _options(fake, tmp_path, corpus, jobs=2, duration_s=12, restart_cmd=fake.restart_cmd,
                     dead_wait_s=5.0, minimise_s=8.0)  # fmt: skip
     report = run_live_campaign(opts)
     crash = [f for f in report.findings if f.cause == "crash:ServerDied:server:died"]
