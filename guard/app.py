@@ -59,7 +59,7 @@ from guard.http import (
     head_refusals,
 )
 from guard.policy import Policy
-from guard.telemetry import CONTENT_TYPE, AccessLog, GuardMetrics, make_tracing
+from guard.telemetry import CONTENT_TYPE, AccessLog, GuardMetrics, _multiprocess, make_tracing
 from guard.tokens import TokenCounter, get_counter
 
 __all__ = ["GUARD_PATHS", "create_app"]
@@ -80,6 +80,7 @@ def create_app(
     access_log: AccessLog | None = None,
     client_timeout_s: float | None = None,
     health_path: str = "/health",
+    metrics_dir: str | None = None,
 ) -> FastAPI:
     """The guard in front of ``upstream_url`` (default: ``policy.upstream.url``).
 
@@ -87,7 +88,8 @@ def create_app(
     ``concurrency`` to the policy's per-key and global limits. ``tracer_provider`` forces
     OpenTelemetry spans on (tests); otherwise they follow the ``OTEL_*`` environment.
     ``client_timeout_s``: a client that stops reading a response for this long is cut (default:
-    ``upstream.read_timeout_s``).
+    ``upstream.read_timeout_s``). ``metrics_dir``: the directory the worker processes of one
+    server share, so that ``/metrics`` answers for all of them (``--workers N``).
     """
     up = replace(policy.upstream, url=upstream_url) if upstream_url else policy.upstream
     if up.url is None:
@@ -107,7 +109,7 @@ def create_app(
         upstream=Upstream(up, health_path=health_path),
         limiter=limiter,
         concurrency=concurrency,
-        metrics=_metrics(limiter, concurrency),
+        metrics=_metrics(limiter, concurrency, metrics_dir),
         access_log=access_log or AccessLog(policy.observability.access_log),
         tracing=make_tracing(tracer_provider),
         count_tokens=_delta_counter(get_counter(policy.limits.tokens.tokenizer)),
@@ -120,9 +122,11 @@ def create_app(
     return app
 
 
-def _metrics(limiter: RateLimiter, slots: ConcurrencyLimiter) -> GuardMetrics:
+def _metrics(
+    limiter: RateLimiter, slots: ConcurrencyLimiter, metrics_dir: str | None
+) -> GuardMetrics:
     """The app's metrics, with the limiters' and the server protocol's counters exported."""
-    metrics = GuardMetrics()
+    metrics = GuardMetrics(multiprocess_dir=metrics_dir)
     metrics.server_rejections = head_refusals
     metrics.export("rate", limiter.metrics.snapshot)
     metrics.export(
@@ -138,23 +142,29 @@ def _metrics(limiter: RateLimiter, slots: ConcurrencyLimiter) -> GuardMetrics:
 
 def _new_app(gateway: Gateway) -> _GuardApp:
     """The FastAPI app in front of ``gateway``; while it runs, a Redis rate limiter's store is
-    watched (a failure logged at start and whenever it changes); its shutdown flushes the access
-    log and closes the upstream pool and the rate limiter."""
-    upstream, limiter = gateway.upstream, gateway.limiter
+    watched (a failure logged at start and whenever it changes) and, with workers, the metrics
+    are copied where the other workers read them; its shutdown flushes the access log, takes
+    this worker out of the metrics' live gauges and closes the upstream pool and the rate
+    limiter."""
+    upstream, limiter, metrics = gateway.upstream, gateway.limiter, gateway.metrics
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        watch = None
+        tasks: list[asyncio.Task[None]] = []
         if isinstance(limiter, RedisRateLimiter):
-            watch = asyncio.create_task(limiter.watch(), name="schedguard-redis-watch")
+            tasks.append(asyncio.create_task(limiter.watch(), name="schedguard-redis-watch"))
+        if metrics.multiprocess_dir is not None:
+            metrics.sync()
+            tasks.append(asyncio.create_task(_sync_metrics(metrics), name="schedguard-metrics"))
         try:
             yield
         finally:
-            if watch is not None:
-                watch.cancel()
+            for task in tasks:
+                task.cancel()
                 with contextlib.suppress(BaseException):
-                    await watch
+                    await task
             gateway.access_log.flush()
+            metrics.close()
             await upstream.aclose()
             await limiter.aclose()
 
@@ -176,6 +186,14 @@ def _new_app(gateway: Gateway) -> _GuardApp:
     app.state.metrics = gateway.metrics
     _install_error_handlers(app)
     return app
+
+
+async def _sync_metrics(metrics: GuardMetrics) -> None:
+    """Copy this worker's series for the others' scrapes, every
+    :data:`~guard.telemetry._multiprocess.SYNC_INTERVAL_S`."""
+    while True:
+        await asyncio.sleep(_multiprocess.SYNC_INTERVAL_S)
+        metrics.sync()
 
 
 def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:

@@ -4,15 +4,23 @@ Workers are separate processes that each build their app from the environment
 (:func:`app_from_env`): ``SCHEDGUARD_POLICY`` names the policy file and the usual
 ``SCHEDGUARD_<SECTION>__<FIELD>`` variables override it (``schedguard serve`` sets
 ``SCHEDGUARD_UPSTREAM__URL`` and ``SCHEDGUARD_RATE__REDIS_URL`` from its flags). Each worker has
-its own connection pool, metrics and, without Redis, its own rate-limit buckets.
+its own connection pool and, without Redis, its own rate-limit buckets.
+
+``/metrics`` answers for all the workers, whichever takes the scrape: with ``workers > 1`` they
+share a directory (``PROMETHEUS_MULTIPROC_DIR``; a temporary one unless set) where each writes
+its series and the answering worker merges them (prometheus_client's multiprocess mode,
+:mod:`guard.telemetry._multiprocess`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 
 import uvicorn
 from fastapi import FastAPI
@@ -21,6 +29,8 @@ from guard.app import create_app
 from guard.http import configure as configure_head_limit
 from guard.policy import Policy, load_policy
 from guard.telemetry import AccessLog
+from guard.telemetry._multiprocess import ENV as METRICS_DIR_ENV
+from guard.telemetry._multiprocess import wipe
 
 __all__ = ["POLICY_ENV", "app_from_env", "run", "uvicorn_config"]
 
@@ -36,7 +46,9 @@ def app_from_env(env: Mapping[str, str] | None = None) -> FastAPI:
     body = policy.limits.body
     configure_head_limit(body.max_header_bytes, body.max_header_count)
     return create_app(
-        policy, access_log=AccessLog(policy.observability.access_log, stream=sys.stderr)
+        policy,
+        access_log=AccessLog(policy.observability.access_log, stream=sys.stderr),
+        metrics_dir=env.get(METRICS_DIR_ENV) or None,
     )
 
 
@@ -82,9 +94,35 @@ def run(
             workers,
             workers,
         )
-    uvicorn.run(
-        "guard.server:app_from_env",
-        **uvicorn_config(  # type: ignore[arg-type]
-            host=host, port=port, workers=workers, log_level=log_level
-        ),
-    )
+    with _metrics_dir(workers):
+        uvicorn.run(
+            "guard.server:app_from_env",
+            **uvicorn_config(  # type: ignore[arg-type]
+                host=host, port=port, workers=workers, log_level=log_level
+            ),
+        )
+
+
+@contextlib.contextmanager
+def _metrics_dir(workers: int) -> Iterator[None]:
+    """The directory the workers' metrics meet in (``PROMETHEUS_MULTIPROC_DIR``, inherited by
+    the workers): the one set in the environment, emptied of a previous run's files, or, with
+    more than one worker, a temporary one removed at the end. One worker without it keeps its
+    series in memory."""
+    given = os.environ.get(METRICS_DIR_ENV)
+    if given:
+        os.makedirs(given, exist_ok=True)
+        if wipe(given):
+            _log.info("%s: removed the series files of a previous run", given)
+        yield
+        return
+    if workers <= 1:
+        yield
+        return
+    made = tempfile.mkdtemp(prefix="schedguard-metrics-")
+    os.environ[METRICS_DIR_ENV] = made
+    try:
+        yield
+    finally:
+        os.environ.pop(METRICS_DIR_ENV, None)
+        shutil.rmtree(made, ignore_errors=True)

@@ -17,16 +17,23 @@ MEM_LIMIT = 1 << 30
 
 
 def guard_spec(
-    name: str, upstream_url: str, policy: Path, *, redis_url: str | None = None
+    name: str,
+    upstream_url: str,
+    policy: Path,
+    *,
+    redis_url: str | None = None,
+    workers: int = 1,
 ) -> ServerSpec:
-    """``schedguard serve --upstream URL --policy FILE [--redis URL]``; ready on ``/readyz``
-    (the upstream answers through it)."""
+    """``schedguard serve --upstream URL --policy FILE [--redis URL] [--workers N]``; ready on
+    ``/readyz`` (the upstream answers through it)."""
 
     def argv(ports: Mapping[str, int], host: str) -> list[str]:
         args = ["serve", "--upstream", upstream_url, "--policy", str(policy), "--host", host,
                 "--port", str(ports[name]), "--log-level", "warning"]  # fmt: skip
         if redis_url is not None:
             args += ["--redis", redis_url]
+        if workers != 1:
+            args += ["--workers", str(workers)]
         return schedguard_argv(*args)
 
     return ServerSpec(name, argv, health_path="/readyz")

@@ -12,8 +12,9 @@ guard's own time per request) are built from them at scrape time by a collector,
 names, types and buckets. What other components already count (the rate and concurrency
 limiters) is read at scrape time too.
 
-With ``--workers N`` each worker process exports its own series (scrape every worker, or run
-one worker per container).
+With ``--workers N`` (``multiprocess_dir`` given) the workers' series are merged for every
+scrape through prometheus_client's multiprocess mode (:mod:`guard.telemetry._multiprocess`): the
+request path still only adds to plain numbers, which are copied into files every second.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from guard.telemetry._multiprocess import FileExport, forget_dead_workers
 
 __all__ = ["CONTENT_TYPE", "GuardMetrics"]
 
@@ -253,14 +257,29 @@ def _histograms(name: str, help_key: str, family: _Family) -> HistogramMetricFam
 
 
 class GuardMetrics:
-    """Every series the guard exports; :meth:`render` is the ``/metrics`` body."""
+    """Every series the guard exports; :meth:`render` is the ``/metrics`` body.
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    ``multiprocess_dir``: the directory the workers of one server share (``--workers N``);
+    this process's series are written there (:meth:`sync`, :meth:`close`) and a scrape merges
+    every worker's."""
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, multiprocess_dir: str | None = None
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        own: list[Collector] = [_Exported(self)]
         if registry is None:
             # process_resident_memory_bytes, process_cpu_seconds_total etc.: the dashboard's
             # memory and CPU panels.
-            ProcessCollector(registry=self.registry)
+            own.append(ProcessCollector(registry=None))
+        self.multiprocess_dir = multiprocess_dir
+        self._files: FileExport | None = None
+        if multiprocess_dir is None:
+            for collector in own:
+                self.registry.register(collector)
+        else:
+            self._files = FileExport(own, multiprocess_dir)
+            MultiProcessCollector(self.registry, path=multiprocess_dir)  # type: ignore[no-untyped-call]
         self.requests: dict[tuple[str, ...], float] = {}
         self.rejections: dict[tuple[str, ...], float] = {}
         self.tokens: dict[tuple[str, ...], float] = {}
@@ -275,7 +294,6 @@ class GuardMetrics:
         self.sources: dict[str, Snapshot] = {}
         # Refusals made by the HTTP server before any app saw the request (431 heads).
         self.server_rejections: Snapshot | None = None
-        self.registry.register(_Exported(self))
 
     def request_done(self, route: str, status: int, duration_s: float) -> None:
         key = (route, str(status))
@@ -315,5 +333,20 @@ class GuardMetrics:
         """Export a component's own counters (``snapshot()`` -> name: value) at scrape time."""
         self.sources[name] = snapshot
 
+    def sync(self) -> None:
+        """With workers: copy this process's series into its files (the app does every
+        :data:`~guard.telemetry._multiprocess.SYNC_INTERVAL_S`)."""
+        if self._files is not None:
+            self._files.sync()
+
+    def close(self) -> None:
+        """With workers: a last sync, and this process's live gauges leave the merge."""
+        if self._files is not None:
+            self._files.close()
+            self._files = None
+
     def render(self) -> bytes:
+        if self._files is not None and self.multiprocess_dir is not None:
+            self._files.sync()  # this worker's numbers as they are now
+            forget_dead_workers(self.multiprocess_dir)
         return generate_latest(self.registry)
