@@ -12,12 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from guard.checks._fields import Path, fmt_path, is_int, is_number
+from guard.checks._parts import EMBEDS_TYPES, MEDIA_TYPES, OTHER_MEDIA_TYPES, TEXT_TYPES
 from guard.errors import GuardError
 
 Validator = Callable[[Any, Path], None]
 
 INVALID_TYPE = "invalid_type"
 INVALID_VALUE = "invalid_value"
+CONTENT_PART_NOT_SUPPORTED = "content_part_not_supported"
 
 
 def _type_error(path: Path, expected: str) -> GuardError:
@@ -206,23 +208,53 @@ def messages(value: Any, path: Path) -> None:
             array(calls, (*at, "tool_calls"))
             for j, call in enumerate(calls):
                 obj(call, (*at, "tool_calls", j))
+                if call.get("function") is not None:
+                    obj(call["function"], (*at, "tool_calls", j, "function"))
+
+
+# Part types the guard reads, and the string field each text type must carry.
+_PART_TEXT = TEXT_TYPES
+_PART_TYPES = frozenset({*TEXT_TYPES, *MEDIA_TYPES, *EMBEDS_TYPES, *OTHER_MEDIA_TYPES})
+
+
+def conversations(value: Any, path: Path) -> None:
+    """Chat messages, or a list of conversations (vLLM's batched embeddings chat)."""
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        for i, conversation in enumerate(value):
+            messages(conversation, (*path, i))
+        return
+    messages(value, path)
 
 
 def content_parts(value: Any, path: Path) -> None:
-    """Message content: null, a string, or an array of parts with a string ``type``."""
+    """Message content: null, a string, or an array of parts: strings (text to vLLM) and
+    objects with a ``type`` the guard reads (text types with their text as a string). A part
+    with a ``uuid`` is the multimodal check's to judge (vLLM then ignores its ``type``)."""
     if value is None or isinstance(value, str):
         return
     if not isinstance(value, list):
         raise _type_error(path, "a string or an array of content parts")
     for i, part in enumerate(value):
+        if isinstance(part, str):
+            continue
         at = (*path, i)
         if not isinstance(part, dict):
-            raise _type_error(at, "an object")
+            raise _type_error(at, "a string or an object")
+        if part.get("uuid") is not None:
+            continue
         kind = part.get("type")
         if not isinstance(kind, str):
             raise _type_error((*at, "type"), "a string")
-        if kind in ("text", "input_text", "output_text") and not isinstance(part.get("text"), str):
-            raise _type_error((*at, "text"), "a string")
+        if kind not in _PART_TYPES:
+            raise GuardError(
+                CONTENT_PART_NOT_SUPPORTED,
+                f"content parts of type {kind[:40]!r} are not accepted; known types: "
+                f"{', '.join(sorted(_PART_TYPES))}",
+                param=fmt_path((*at, "type")),
+            )
+        field = _PART_TEXT.get(kind)
+        if field is not None and not isinstance(part.get(field), str):
+            raise _type_error((*at, field), "a string")
 
 
 def tools(value: Any, path: Path) -> None:
@@ -256,6 +288,9 @@ def responses_input(value: Any, path: Path) -> None:
         if not isinstance(item, dict):
             raise _type_error(at, "an object")
         content_parts(item.get("content"), (*at, "content"))
+        output = item.get("output")
+        if isinstance(output, list):
+            content_parts(output, (*at, "output"))
 
 
 # -- the tables -------------------------------------------------------------------------------
@@ -361,6 +396,11 @@ COMPLETIONS: dict[str, Validator] = {
 EMBEDDINGS: dict[str, Validator] = {
     "model": string,
     "input": prompt,
+    "messages": conversations,
+    "add_generation_prompt": boolean,
+    "continue_final_message": boolean,
+    "chat_template": string,
+    "chat_template_kwargs": obj,
     "encoding_format": string,
     "dimensions": integer(1),
     "user": string,
@@ -415,12 +455,13 @@ TOKENIZE: dict[str, Validator] = {
 REQUIRED: dict[str, tuple[tuple[str, ...], ...]] = {
     "chat": (("messages",),),
     "completions": (("prompt", "prompt_template"),),
-    "embeddings": (("input",),),
+    "embeddings": (("input", "messages"),),
     "tokenize": (("prompt", "messages"),),
 }
 
 # Both set: the upstream reads one of them (which one varies), so the request is ambiguous.
 EXCLUSIVE: dict[str, tuple[tuple[str, str], ...]] = {
     "completions": (("prompt", "prompt_template"),),
+    "embeddings": (("input", "messages"),),
     "tokenize": (("prompt", "messages"),),
 }

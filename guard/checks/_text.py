@@ -1,66 +1,171 @@
-"""The prompt text of a request, as the sequences the upstream will process.
+"""The prompt of a request, as the sequences the upstream will tokenize: everything a chat
+template can render, counted or weighed, never skipped.
 
-A :class:`PromptUnit` is one sequence: the texts that end up in it (with where they are, for
-error messages), token ids given directly, and a fixed overhead (role markers). Chat is one
-unit; a list-valued ``prompt`` or embeddings ``input`` is one unit per item. What is counted:
+A :class:`PromptUnit` is one sequence. Chat (and ``/tokenize`` or embeddings with ``messages``,
+one unit per conversation when they are batched) is rendered by the upstream's chat template;
+what a template can print is gathered here, each field counted once (the fallback's assumption,
+docs/POLICY.md):
 
-- chat (and ``/tokenize`` with ``messages``): every message's text content (string content,
-  ``text``/``input_text``/``output_text`` parts), ``name``, reasoning text, tool-call names and
-  arguments; tool and function definitions and RAG ``documents`` as compact JSON;
-  a ``prompt_template`` with its ``template_vars`` as the bound on its expansion (each
-  variable counted as often as it can be expanded), or as plain text without placeholders;
-- completions, embeddings, ``/tokenize``: ``prompt`` / ``input`` strings and token ids,
-  ``suffix``, prompt templates;
-- the responses API: ``instructions`` and ``input`` (a string or items with text content,
-  function-call arguments and outputs), tools.
+- ``texts``: strings printed as they are: string content, text-bearing parts as vLLM reads them
+  (``text``/``input_text``/``output_text``, ``refusal``, ``thinking``, ``tool_reference`` names,
+  bare strings in a content list), and every other string a message carries (``name``,
+  ``tool_call_id``, ``task``, ``reasoning``/``reasoning_content``, unknown keys: vLLM drops
+  some, other servers print them), roles that are not the usual ones;
+- ``values``: structured values printed with ``tojson``, weighed as indent-4 JSON
+  (:mod:`guard.checks._jsonsize`): tool definitions (top level, ``functions``, a message's
+  ``tools``), each tool call without its arguments (``id``, ``type``, ``function.name``,
+  ``name`` placed on the call, extra keys), ``documents``, unknown keys of parts and messages
+  that are not strings;
+- ``arguments``: a tool call's ``arguments`` string, which vLLM parses and prints again with
+  ``tojson`` (``{}`` when it is not a JSON object) and llama-cpp-python prints as it is: both
+  are weighed, the larger counts. Arguments given as an object are a ``value``;
+- ``overhead``: the template's own tokens (``per_message_tokens`` per message and per tool call,
+  one per content part, the role when it is a usual one, ``per_request_tokens``,
+  ``tools_tokens`` when tools are defined);
+- ``specials``: the special tokens the tokenizer adds when ``add_special_tokens`` is on;
+- ``media``: the tokens each media part expands to (``tokens_per_image``, ``tokens_per_audio``,
+  ``tokens_per_video_frame`` per frame vLLM decodes). With ``llama_cpp`` in ``render_like``,
+  media URLs are also text: llama-cpp-python hands list content to a text-only template as it
+  is.
 
-Media parts are not text: the multimodal check bounds them. Nothing here copies prompt text.
+Completions, embeddings ``input`` and ``/tokenize`` ``prompt``: each prompt string or token-id
+list is a unit, plus the tokenizer's special tokens unless ``add_special_tokens`` is false, and
+``suffix``. The Responses API: ``instructions``, ``input`` (a string, or items read like
+messages), ``tools``. ``prompt_template`` with ``template_vars`` (schedguard's extension) is
+bounded by its expansion.
+
+An exact count renders the conversation instead (:mod:`guard.checks._render`): ``chat`` holds
+what it needs. Nothing here copies prompt text.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from guard.checks._fields import Path, compact_json, is_int, prompt_items
+from guard.checks._fields import Path, is_int, prompt_items
+from guard.checks._parts import (
+    KNOWN_PART_FIELDS,
+    VIDEO_FRAMES_READ,
+    PartKind,
+    classify_part,
+    media_payload,
+)
+from guard.json import json_depth
 from guard.request_view import Endpoint
 
-_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+__all__ = ["Argument", "ChatInput", "Counting", "PromptUnit", "parse_arguments", "prompt_units"]
+
+# Roles whose name is short ASCII: counted as overhead (their bytes bound their tokens).
+_USUAL_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Top-level chat fields that hold prompt text, besides messages.
+_CHAT_FIELDS = frozenset(
+    {
+        "tools",
+        "functions",
+        "documents",
+        "chat_template_kwargs",
+        "reasoning_effort",
+        "tool_choice",
+        "prompt_template",
+        "template_vars",
+        "add_special_tokens",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Counting:
+    """The policy's counting settings, as the gatherer needs them."""
+
+    per_message: int = 5
+    per_request: int = 32
+    tools: int = 256
+    image: int = 576
+    video_frame: int = 256
+    audio: int = 750
+    media_as_text: bool = True
+    special_tokens: int = 2
+    max_json_depth: int = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Argument:
+    """A tool call's ``arguments`` string and what vLLM makes of it (``{}`` when it is not a
+    JSON object)."""
+
+    path: Path
+    raw: str
+    parsed: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatInput:
+    """What rendering one conversation needs: its messages and the request around them."""
+
+    messages: list[Any]
+    body: dict[str, Any]
 
 
 @dataclass(slots=True)
 class PromptUnit:
     texts: list[tuple[Path, str]] = field(default_factory=list)
+    values: list[tuple[Path, Any]] = field(default_factory=list)
+    arguments: list[Argument] = field(default_factory=list)
     token_ids: int = 0
-    overhead: int = 0
+    overhead: int = 0  # the template's markup (fallback bound only)
+    media: int = 0  # media token estimates
+    specials: int = 0  # special tokens the tokenizer adds (add_special_tokens)
+    templated: bool = False  # fields are printed inside a template's text (chat, responses)
     path: Path = ()  # where the unit is in the body (for token ids)
     # prompt_template with placeholders, and the string template_vars it may expand
     template: tuple[str, dict[str, str]] | None = None
+    chat: ChatInput | None = None
 
     def add(self, path: Path, value: Any) -> None:
-        if isinstance(value, str) and value:
-            self.texts.append((path, value))
+        if isinstance(value, str):
+            if value:
+                self.texts.append((path, value))
+        elif value is not None:
+            self.weigh(path, value)
+
+    def weigh(self, path: Path, value: Any) -> None:
+        if isinstance(value, bool | int | float):
+            self.overhead += len(json.dumps(value))
+        elif value is not None:
+            self.values.append((path, value))
 
 
-def prompt_units(body: dict[str, Any], endpoint: Endpoint, per_message: int) -> list[PromptUnit]:
+def prompt_units(body: dict[str, Any], endpoint: Endpoint, counting: Counting) -> list[PromptUnit]:
     if endpoint == "chat":
-        return [_chat(body, per_message)]
-    if endpoint in ("completions", "embeddings"):
-        return _prompts(body, "prompt" if endpoint == "completions" else "input")
+        return _chat_units(body, counting)
+    if endpoint == "completions":
+        return _prompts(body, "prompt", counting)
+    if endpoint in ("embeddings", "tokenize", "other"):
+        if isinstance(body.get("messages"), list):
+            return _chat_units(body, counting)
+        for name in ("input", "prompt") if endpoint == "embeddings" else ("prompt", "input"):
+            value = body.get(name)
+            if value is None:
+                continue
+            if endpoint == "embeddings" and _are_conversations(value):
+                return _chat_units(body, counting, name)
+            return _prompts(body, name, counting)
+        return []
     if endpoint == "responses":
-        return [_responses(body, per_message)]
-    if endpoint == "tokenize":
-        if isinstance(body.get("messages"), list):
-            return [_chat(body, per_message)]
-        return _prompts(body, "prompt")
-    if endpoint == "other":
-        # Allowlisted routes of unknown shape: read what looks like a prompt.
-        if isinstance(body.get("messages"), list):
-            return [_chat(body, per_message)]
-        for name in ("prompt", "input"):
-            if body.get(name) is not None:
-                return _prompts(body, name)
+        return [_responses(body, counting)]
     return []
+
+
+def _are_conversations(value: Any) -> bool:
+    """Chat messages, or a batch of conversations, given as embeddings ``input``."""
+    if not isinstance(value, list) or not value:
+        return False
+    first = value[0]
+    if isinstance(first, list):
+        return bool(first) and isinstance(first[0], dict)
+    return isinstance(first, dict)
 
 
 def _templates(unit: PromptUnit, body: dict[str, Any]) -> None:
@@ -77,67 +182,204 @@ def _templates(unit: PromptUnit, body: dict[str, Any]) -> None:
             unit.add(("template_vars", name), value)
 
 
-def _content(unit: PromptUnit, path: Path, content: Any) -> None:
-    if isinstance(content, str):
-        unit.add(path, content)
-    elif isinstance(content, list):
-        for j, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if isinstance(kind, str) and kind in _TEXT_PARTS:
-                unit.add((*path, j, "text"), part.get("text"))
+# -- chat ---------------------------------------------------------------------------------------
 
 
-def _json(unit: PromptUnit, body: dict[str, Any], name: str) -> None:
-    value = body.get(name)
-    if isinstance(value, list | dict) and value:
-        unit.add((name,), compact_json(value))
+def _chat_units(body: dict[str, Any], c: Counting, name: str = "messages") -> list[PromptUnit]:
+    messages = body.get(name)
+    if not isinstance(messages, list):
+        return [_chat_unit(body, [], (name,), c)]
+    if messages and isinstance(messages[0], list):  # a batch of conversations
+        return [
+            _chat_unit(body, conversation, (name, i), c)
+            for i, conversation in enumerate(messages)
+            if isinstance(conversation, list)
+        ]
+    return [_chat_unit(body, messages, (name,), c)]
 
 
-# Message keys and top-level fields besides messages that hold prompt text (read below).
-_MESSAGE_TEXT_KEYS = frozenset({"name", "reasoning_content", "reasoning", "tool_calls"})
-_CHAT_TEXT_FIELDS = frozenset(
-    {"tools", "functions", "documents", "prompt_template", "template_vars"}
-)
-
-
-def _chat(body: dict[str, Any], per_message: int) -> PromptUnit:
-    unit = PromptUnit(path=("messages",))
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        unit.overhead = per_message * len(messages)
-        texts = unit.texts
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict):
-                continue
+def _chat_unit(body: dict[str, Any], messages: list[Any], base: Path, c: Counting) -> PromptUnit:
+    unit = PromptUnit(path=base, chat=ChatInput(messages, body), templated=True)
+    unit.overhead = c.per_request + c.per_message * len(messages)
+    texts = unit.texts
+    for i, message in enumerate(messages):
+        if type(message) is dict and len(message) == 2:
+            role = message.get("role")
             content = message.get("content")
-            if type(content) is str:  # the usual message, without two calls
+            # The usual message: counted without building a path.
+            if type(content) is str and type(role) is str and role in _USUAL_ROLES:
+                unit.overhead += len(role)
                 if content:
-                    texts.append((("messages", i, "content"), content))
-            else:
-                _content(unit, ("messages", i, "content"), content)
-            if _MESSAGE_TEXT_KEYS.isdisjoint(message):  # the usual {"role", "content"}
+                    texts.append(((*base, i, "content"), content))
                 continue
-            for key in ("name", "reasoning_content", "reasoning"):
-                unit.add(("messages", i, key), message.get(key))
-            calls = message.get("tool_calls")
-            if isinstance(calls, list):
-                for j, call in enumerate(calls):
-                    function = call.get("function") if isinstance(call, dict) else None
-                    if isinstance(function, dict):
-                        at = ("messages", i, "tool_calls", j, "function")
-                        unit.add((*at, "name"), function.get("name"))
-                        unit.add((*at, "arguments"), function.get("arguments"))
-    if not _CHAT_TEXT_FIELDS.isdisjoint(body):
-        for name in ("tools", "functions", "documents"):
-            _json(unit, body, name)
+        _message(unit, (*base, i), message, c)
+    if not _CHAT_FIELDS.isdisjoint(body):
+        for key in ("tools", "functions", "documents"):
+            value = body.get(key)
+            if value:
+                unit.weigh((key,), value)
+                if key != "documents":
+                    unit.overhead += c.tools
+        kwargs = body.get("chat_template_kwargs")
+        if isinstance(kwargs, dict):
+            for key, value in kwargs.items():
+                if key != "chat_template":
+                    unit.add(("chat_template_kwargs", key), value)
+        unit.add(("reasoning_effort",), body.get("reasoning_effort"))
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict):
+            unit.weigh(("tool_choice",), choice)
+        if body.get("add_special_tokens") is True:
+            unit.specials += c.special_tokens
         _templates(unit, body)
     return unit
 
 
-def _prompts(body: dict[str, Any], name: str) -> list[PromptUnit]:
+def _message(unit: PromptUnit, at: Path, message: Any, c: Counting) -> None:
+    if not isinstance(message, dict):
+        unit.add(at, message)
+        return
+    for key, value in message.items():
+        if value is None:
+            continue
+        path = (*at, key)
+        if key == "content":
+            _content(unit, path, value, c)
+        elif key == "role" and isinstance(value, str) and value in _USUAL_ROLES:
+            unit.overhead += len(value)
+        elif key == "tool_calls" and isinstance(value, list):
+            _tool_calls(unit, path, value, c)
+        elif key == "tools" and value:
+            unit.weigh(path, value)
+            unit.overhead += c.tools
+        else:
+            unit.add(path, value)
+
+
+def _content(unit: PromptUnit, path: Path, content: Any, c: Counting) -> None:
+    if isinstance(content, str):
+        if content:
+            unit.texts.append((path, content))
+        return
+    if not isinstance(content, list):
+        unit.add(path, content)
+        return
+    unit.overhead += len(content)  # a separator or the template's markup per part
+    for j, part in enumerate(content):
+        at = (*path, j)
+        if not isinstance(part, dict):
+            unit.add(at, part)
+            continue
+        kind = classify_part(part)
+        if kind.kind == "text":
+            _text_part(unit, at, part, kind)
+        else:
+            _media_part(unit, at, part, kind, c)
+
+
+def _text_part(unit: PromptUnit, at: Path, part: dict[str, Any], kind: PartKind) -> None:
+    for key, value in part.items():
+        if key == kind.field:
+            unit.add((*at, key), value)
+        elif key not in ("type", "uuid"):
+            # Extra keys reach templates that loop over content ("openai" format).
+            _extra(unit, (*at, key), key, value)
+
+
+def _media_part(
+    unit: PromptUnit, at: Path, part: dict[str, Any], kind: PartKind, c: Counting
+) -> None:
+    payload, _ = media_payload(part, kind)
+    unit.media += _media_tokens(kind, payload, c)
+    for key, value in part.items():
+        if key in ("type", "uuid"):
+            continue
+        if kind.kind == "unknown" or key not in KNOWN_PART_FIELDS or c.media_as_text:
+            # Read as media by no one (extra keys, parts vLLM refuses), or the part as it is
+            # handed to a text-only template (llama-cpp-python).
+            _extra(unit, (*at, key), key, value)
+
+
+def _extra(unit: PromptUnit, path: Path, key: str, value: Any) -> None:
+    if isinstance(value, str):
+        unit.add(path, value)
+    elif value is not None:
+        unit.weigh(path, {key: value})
+
+
+def _media_tokens(kind: PartKind, payload: Any, c: Counting) -> int:
+    if kind.kind == "unknown":
+        return 0
+    if kind.modality == "audio":
+        return c.audio
+    if kind.modality == "video":
+        frames = VIDEO_FRAMES_READ
+        if isinstance(payload, str) and payload[:5].lower() == "data:":
+            comma = payload.find(",", 5, 261)
+            if comma > 0 and payload[5:comma].partition(";")[0].lower() == "video/jpeg":
+                frames = min(frames, payload.count(",", comma + 1) + 1)
+        return c.video_frame * frames
+    return c.image
+
+
+def _tool_calls(unit: PromptUnit, path: Path, calls: list[Any], c: Counting) -> None:
+    for k, call in enumerate(calls):
+        at = (*path, k)
+        unit.overhead += c.per_message
+        if not isinstance(call, dict):
+            unit.add(at, call)
+            continue
+        rest: dict[str, Any] = {}
+        for key, value in call.items():
+            if key == "function" and isinstance(value, dict):
+                function = {}
+                for name, inner in value.items():
+                    if name == "arguments":
+                        _argument(unit, (*at, key, name), inner, c)
+                    else:
+                        function[name] = inner
+                rest[key] = function
+            elif key == "arguments":  # placed on the call itself
+                _argument(unit, (*at, key), value, c)
+            else:
+                rest[key] = value
+        unit.weigh(at, rest)
+
+
+def _argument(unit: PromptUnit, path: Path, value: Any, c: Counting) -> None:
+    if isinstance(value, str):
+        if value:
+            unit.arguments.append(Argument(path, value, parse_arguments(value, c.max_json_depth)))
+    else:
+        unit.add(path, value)
+
+
+def parse_arguments(text: str, max_depth: int) -> dict[str, Any]:
+    """A tool call's ``arguments`` as vLLM reads them: the JSON object, or ``{}`` when the text
+    is not one. Nesting deeper than ``max_depth`` raises ``json_depth_exceeded`` (vLLM's
+    ``json.loads`` recurses: about 1000 levels give it a RecursionError, a 500)."""
+    if text.count("[") + text.count("{") > max_depth:
+        try:
+            json_depth(text.encode("utf-8", "surrogatepass"), max_depth)
+        except Exception as exc:
+            if getattr(exc, "code", None) == "json_depth_exceeded":
+                raise
+            return {}
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+# -- prompts ------------------------------------------------------------------------------------
+
+
+def _prompts(body: dict[str, Any], name: str, c: Counting) -> list[PromptUnit]:
     value = body.get(name)
     items = prompt_items(value)
     units: list[PromptUnit] = []
+    specials = 0 if body.get("add_special_tokens") is False else c.special_tokens
     if items is not None:
         single = not isinstance(value, list) or (bool(value) and is_int(value[0]))
         for i, item in enumerate(items):
@@ -145,30 +387,51 @@ def _prompts(body: dict[str, Any], name: str) -> list[PromptUnit]:
             unit = PromptUnit(path=path)
             if isinstance(item, str):
                 unit.add(path, item)
+                unit.specials = specials
             elif isinstance(item, list):
                 unit.token_ids = len(item)
             units.append(unit)
     if not units:
-        units.append(PromptUnit())
+        units.append(PromptUnit(specials=specials))
     _templates(units[0], body)
     units[0].add(("suffix",), body.get("suffix"))
     return units
 
 
-def _responses(body: dict[str, Any], per_message: int) -> PromptUnit:
-    unit = PromptUnit()
-    unit.add(("instructions",), body.get("instructions"))
+# -- the Responses API --------------------------------------------------------------------------
+
+
+def _responses(body: dict[str, Any], c: Counting) -> PromptUnit:
+    unit = PromptUnit(overhead=c.per_request, templated=True)
+    instructions = body.get("instructions")
+    if instructions is not None:
+        unit.overhead += c.per_message
+        unit.add(("instructions",), instructions)
     value = body.get("input")
     if isinstance(value, str):
+        unit.overhead += c.per_message
         unit.add(("input",), value)
     elif isinstance(value, list):
         for i, item in enumerate(value):
+            at: Path = ("input", i)
+            unit.overhead += c.per_message
             if not isinstance(item, dict):
+                unit.add(at, item)
                 continue
-            _content(unit, ("input", i, "content"), item.get("content"))
-            for key in ("arguments", "output", "name"):
-                unit.add(("input", i, key), item.get(key))
-        unit.overhead = per_message * len(value)
-    _json(unit, body, "tools")
+            for key, inner in item.items():
+                if inner is None or key == "type":
+                    continue
+                if key in ("content", "output", "summary") and isinstance(inner, list):
+                    _content(unit, (*at, key), inner, c)
+                elif key == "arguments":
+                    _argument(unit, (*at, key), inner, c)
+                elif key == "role" and isinstance(inner, str) and inner in _USUAL_ROLES:
+                    unit.overhead += len(inner)
+                else:
+                    unit.add((*at, key), inner)
+    tools = body.get("tools")
+    if tools:
+        unit.weigh(("tools",), tools)
+        unit.overhead += c.tools
     _templates(unit, body)
     return unit

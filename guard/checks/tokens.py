@@ -5,23 +5,38 @@ each prompt plus its output within the context length.
    ``n_predict``, ``max_new_tokens``, ``max_output_tokens``) must be within
    ``max_output_tokens`` (else ``max_tokens_exceeded``, or clamped, as the policy says); a
    generation request with none gets ``default_max_tokens`` injected (a mutation).
-2. Prompt: the texts of :mod:`guard.checks._text`, summed over the request, must have at most
-   ``max_prompt_tokens`` tokens, and each sequence at most ``context_length`` minus the output
-   cap. The byte length is a sound upper bound for byte-level BPE, so a prompt whose UTF-8 size
-   is within the limits is never tokenized (unless ``exact_costs``); otherwise each text is
-   counted with an early stop at the tokens left (:meth:`guard.tokens._counter.TokenCounter.measure`).
+2. Prompt: what the upstream will tokenize (:mod:`guard.checks._text`: every string a chat
+   template can render, structured values as indent-4 JSON, the template's markup, media token
+   estimates, special tokens), summed over the request, must have at most ``max_prompt_tokens``
+   tokens, and each sequence at most ``context_length`` minus the output cap. Cheapest first:
 
-Costs reported: ``prompt_tokens`` (exact when ``prompt_tokens_exact`` is 1, else an upper
-bound), ``output_tokens`` (the cap per sequence), ``sequences``, ``output_tokens_reserved``
-(cap x sequences) and ``tokens_reserved`` (prompt + reserved output: what a token rate limiter
-charges before forwarding).
+   a. the byte bound: UTF-8 bytes bound the tokens of byte-level BPE, so a prompt whose bytes
+      (indent-4 JSON for structured values, overheads added) fit is admitted untokenized
+      (unless ``exact_costs``, which defaults to true when the upstream's chat template is
+      known);
+   b. a lower bound of the strings' tokens over the limit refuses without rendering anything;
+   c. a chat with the upstream's chat template known (``limits.tokens.chat_template``, or the
+      request's own when the policy accepts it) is rendered as the upstream renders it and
+      counted as it is produced (:mod:`guard.checks._render`): exact;
+   d. otherwise each field is counted with an early stop at the tokens left
+      (:meth:`guard.tokens._counter.TokenCounter.measure`), plus the overheads: the fallback
+      bound.
 
-Codes: ``max_tokens_exceeded``, ``prompt_tokens_exceeded``, ``context_length_exceeded``.
+Costs reported: ``prompt_tokens`` (an upper bound of the upstream's ``usage.prompt_tokens``;
+``prompt_tokens_exact`` is 1 when it came from counting rather than from bytes), ``media_tokens``
+(the media estimates within it), ``output_tokens`` (the cap per sequence), ``sequences``,
+``output_tokens_reserved`` (cap x sequences) and ``tokens_reserved`` (prompt + reserved output:
+what a token rate limiter charges before forwarding).
+
+Codes: ``max_tokens_exceeded``, ``prompt_tokens_exceeded``, ``context_length_exceeded``,
+``json_depth_exceeded`` (tool-call arguments nested too deep to parse), and the sandbox's
+``chat_template_*`` limits and ``deadline_exceeded`` from a render.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from guard.checks._fields import (
@@ -32,15 +47,21 @@ from guard.checks._fields import (
     requested_output,
     sequences_per_prompt,
 )
+from guard.checks._jsonsize import indent4_size, indent4_text
 from guard.checks._placeholders import bound_expansion, parse_source
+from guard.checks._render import load_chat_template, render_count
 from guard.checks._result import CheckResult, Mutation, pure_check
-from guard.checks._text import PromptUnit, prompt_units
+from guard.checks._text import Counting, PromptUnit, prompt_units
 from guard.errors import LimitExceeded
 from guard.policy._models import Policy, TokensPolicy
 from guard.request_view import Endpoint, RequestView
 from guard.tokens import TokenCounter, get_counter
 
-__all__ = ["check_tokens"]
+__all__ = ["check_tokens", "counting_for"]
+
+# Tokens added to each field counted inside a template's text (the fallback bound): a token
+# merged across its edges.
+_EDGE = 1
 
 
 @pure_check
@@ -52,12 +73,10 @@ def check_tokens(view: RequestView, policy: Policy) -> CheckResult | None:
     endpoint = view.endpoint
     mutations: list[Mutation] = []
     output = _output_cap(body, endpoint, tokens, mutations)
-    units = prompt_units(body, endpoint, tokens.per_message_tokens)
-    context = tokens.context_length
-    unit_limit = None if context is None else context - (output or 0)
     counter = get_counter(tokens.tokenizer)
-    depth = policy.limits.templates.max_depth
-    prompt, exact = _count(units, counter, tokens, unit_limit, output, depth)
+    context = _Context(policy, counter, counting_for(policy, counter), output)
+    units = prompt_units(body, endpoint, context.counting)
+    prompt, exact = _count(units, context, body)
     sequences = 0
     if output is not None:
         prompts = len(units) if endpoint in ("completions", "other") else 1
@@ -71,7 +90,44 @@ def check_tokens(view: RequestView, policy: Policy) -> CheckResult | None:
         "output_tokens_reserved": reserved,
         "tokens_reserved": prompt + reserved,
     }
+    media = sum(unit.media for unit in units)
+    if media:
+        costs["media_tokens"] = media
     return CheckResult.passed(costs, tuple(mutations))
+
+
+_COUNTING: dict[int, tuple[TokensPolicy, Counting]] = {}
+
+
+def counting_for(policy: Policy, counter: TokenCounter) -> Counting:
+    """The gatherer's settings for a policy (built once per policy)."""
+    tokens = policy.limits.tokens
+    cached = _COUNTING.get(id(tokens))
+    if cached is not None and cached[0] is tokens:
+        return cached[1]
+    counting = Counting(
+        per_message=tokens.per_message_tokens,
+        per_request=tokens.per_request_tokens,
+        tools=tokens.tools_tokens,
+        image=tokens.tokens_per_image,
+        video_frame=tokens.tokens_per_video_frame,
+        audio=tokens.tokens_per_audio,
+        media_as_text="llama_cpp" in tokens.render_like,
+        special_tokens=counter.special_tokens,
+        max_json_depth=policy.limits.json_.max_depth,
+    )
+    if len(_COUNTING) >= 64:
+        _COUNTING.clear()
+    _COUNTING[id(tokens)] = (tokens, counting)
+    return counting
+
+
+@dataclass(slots=True)
+class _Context:
+    policy: Policy
+    counter: TokenCounter
+    counting: Counting
+    output: int | None
 
 
 def _output_cap(
@@ -122,18 +178,36 @@ def _template_size(unit: PromptUnit, weigh: Callable[[str], int], depth: int, ca
     return bound.size
 
 
-def _upper_bound(
-    units: list[PromptUnit], total_limit: int, unit_limit: int | None, depth: int
-) -> int | None:
+def _fixed(unit: PromptUnit) -> int:
+    """The unit's tokens that are not text: ids, markup, media, special tokens."""
+    return unit.token_ids + unit.overhead + unit.media + unit.specials
+
+
+def _upper_bound(units: list[PromptUnit], ctx: _Context, unit_limit: int | None) -> int | None:
     """The UTF-8 byte count (plus ids and overheads) when it proves every limit holds."""
+    total_limit = ctx.policy.limits.tokens.max_prompt_tokens
+    depth = ctx.policy.limits.templates.max_depth
+    raw = ctx.counting.media_as_text  # llama-cpp-python prints arguments as sent
+    parsed = "vllm" in ctx.policy.limits.tokens.render_like
     total = 0
     for unit in units:
-        size = unit.token_ids + unit.overhead
+        size = _fixed(unit)
         for _, text in unit.texts:
             if len(text) > total_limit:  # bytes >= characters: no proof from bytes
                 return None
             size += _utf8_len(text)
             if total + size > total_limit:  # already past: no proof, whatever follows
+                return None
+        for _, value in unit.values:
+            size += indent4_size(value, total_limit - total - size)
+            if total + size > total_limit:
+                return None
+        for arg in unit.arguments:
+            weight = _utf8_len(arg.raw) if raw else 0
+            if parsed:
+                weight = max(weight, indent4_size(arg.parsed, total_limit - total - size))
+            size += weight
+            if total + size > total_limit:
                 return None
         size += _template_size(unit, _utf8_len, depth, total_limit + 1)
         if unit_limit is not None and size > unit_limit:
@@ -144,74 +218,198 @@ def _upper_bound(
     return total
 
 
-def _count(
-    units: list[PromptUnit],
-    counter: TokenCounter,
-    tokens: TokensPolicy,
-    unit_limit: int | None,
-    output: int | None,
-    depth: int,
-) -> tuple[int, bool]:
-    """(prompt tokens, exact) for ``units``, or the first limit crossed as LimitExceeded.
-
-    "Exact" is the sum of each text's exact count; an expanded prompt template contributes an
-    upper bound (each literal run counted as often as it can be expanded).
-    """
-    total_limit = tokens.max_prompt_tokens
-    if counter.byte_bounds and not tokens.exact_costs:
-        bound = _upper_bound(units, total_limit, unit_limit, depth)
+def _count(units: list[PromptUnit], ctx: _Context, body: dict[str, Any]) -> tuple[int, bool]:
+    """(prompt tokens, counted) for ``units``, or the first limit crossed as LimitExceeded."""
+    tokens = ctx.policy.limits.tokens
+    context = tokens.context_length
+    unit_limit = None if context is None else context - (ctx.output or 0)
+    template = _template_for(body, ctx.policy)
+    exact = tokens.exact_costs if tokens.exact_costs is not None else template is not None
+    if ctx.counter.byte_bounds and not exact:
+        bound = _upper_bound(units, ctx, unit_limit)
         if bound is not None:
             return bound, False
-    remaining = total_limit
+    remaining = tokens.max_prompt_tokens
     total = 0
     for unit in units:
         by_context = unit_limit is not None and unit_limit < remaining
         limit = unit_limit if by_context and unit_limit is not None else remaining
-        used = unit.token_ids + unit.overhead
-        if used > limit:
-            raise _over(by_context, unit.path, tokens, output)
-        if len(unit.texts) > 1:
-            # Many short texts (400 messages, say) are refused from one bound over them all
-            # before any is measured alone (a tokenizer call or several C passes each).
-            texts = [text for _, text in unit.texts]
-            at_least = used + counter.lower_bound_of_sum(texts, enough=limit - used)
-            if at_least > limit:
-                raise _over(by_context, unit.path, tokens, output)
-        for path, text in unit.texts:
-            stats = counter.measure(text, limit - used, exact=True)
-            if not stats.within_limit:
-                raise _over(by_context, path, tokens, output)
-            used += stats.tokens
-        if unit.template is not None:
-            cap = max(limit - used, 0) + 1
-
-            def weigh(text: str, cap: int = cap) -> int:
-                size = _utf8_len(text) if len(text) <= _SMALL_RUN else None
-                if size is not None and size <= _SMALL_RUN and counter.byte_bounds:
-                    return size
-                return counter.measure(text, cap, exact=True).tokens
-
-            used += _template_size(unit, weigh, depth, cap)
-            if used > limit:
-                raise _over(by_context, ("prompt_template",), tokens, output)
+        over = _Over(by_context, tokens, ctx.output)
+        used = None
+        if unit.chat is not None and template is not None:
+            used = _rendered(unit, ctx, template, limit, over)
+        if used is None:
+            used = _counted(unit, ctx, limit, over)
         total += used
         remaining -= used
     return total, True
 
 
-def _over(
-    by_context: bool, path: tuple[str | int, ...], tokens: TokensPolicy, output: int | None
-) -> LimitExceeded:
-    param = fmt_path(path) or None
-    if by_context:
+@dataclass(frozen=True, slots=True)
+class _Over:
+    """Raises the right code for the limit a unit is held to."""
+
+    by_context: bool
+    tokens: TokensPolicy
+    output: int | None
+
+    def __call__(self, path: tuple[str | int, ...]) -> LimitExceeded:
+        param = fmt_path(path) or None
+        if self.by_context:
+            return LimitExceeded(
+                "context_length_exceeded",
+                f"the prompt plus the output cap ({self.output or 0} tokens) exceeds the "
+                f"context length of {self.tokens.context_length} tokens; shorten the prompt "
+                "or lower max_tokens",
+                param=param,
+            )
         return LimitExceeded(
-            "context_length_exceeded",
-            f"the prompt plus the output cap ({output or 0} tokens) exceeds the context length "
-            f"of {tokens.context_length} tokens; shorten the prompt or lower max_tokens",
+            "prompt_tokens_exceeded",
+            f"the prompt has more tokens than the limit of {self.tokens.max_prompt_tokens}; "
+            "shorten it",
             param=param,
         )
-    return LimitExceeded(
-        "prompt_tokens_exceeded",
-        f"the prompt has more tokens than the limit of {tokens.max_prompt_tokens}; shorten it",
-        param=param,
-    )
+
+
+def _template_for(
+    body: dict[str, Any], policy: Policy
+) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """The chat template the upstream renders this request with, and its special tokens: the
+    request's own when the policy accepts request templates, else the configured one."""
+    tokens = policy.limits.tokens
+    configured = load_chat_template(tokens.chat_template, tokens.tokenizer)
+    special = configured.special_tokens if configured is not None else ()
+    if policy.limits.templates.allow_request_chat_template:
+        kwargs = body.get("chat_template_kwargs")
+        for source in (
+            body.get("chat_template"),
+            kwargs.get("chat_template") if isinstance(kwargs, dict) else None,
+        ):
+            if isinstance(source, str):
+                return source, special
+    if configured is None:
+        return None
+    return configured.source_for(bool(body.get("tools"))), special
+
+
+def _lower_bound_over(unit: PromptUnit, counter: TokenCounter, fixed: int, limit: int) -> bool:
+    """Whether the unit's strings alone have more tokens than ``limit - fixed`` (cheap bounds)."""
+    left = limit - fixed
+    if left < 0:
+        return True
+    texts = [text for _, text in unit.texts]
+    texts.extend(arg.raw for arg in unit.arguments)
+    if not texts or not counter.byte_bounds:
+        return False
+    if max(map(len, texts)) > counter.max_token_bytes * left:
+        return True
+    return counter.lower_bound_of_sum(texts, enough=left) > left
+
+
+def _rendered(
+    unit: PromptUnit,
+    ctx: _Context,
+    template: tuple[str, tuple[tuple[str, str], ...]],
+    limit: int,
+    over: _Over,
+) -> int | None:
+    """The unit's exact count from the upstream's template (None: fall back to the bound)."""
+    assert unit.chat is not None
+    policy = ctx.policy
+    tokens = policy.limits.tokens
+    fixed = unit.token_ids + unit.media + unit.specials
+    if unit.template is not None:
+        fixed += _template_tokens(unit, ctx, limit + 1)
+    if _lower_bound_over(unit, ctx.counter, fixed, limit):
+        raise over(unit.path)
+    text, special = template
+    try:
+        used = render_count(
+            unit.chat,
+            text,
+            special,
+            tokens.render_like,
+            ctx.counter,
+            limit - fixed,
+            policy.limits.templates.chat_template,
+            policy.limits.json_.max_depth,
+            tokens.content_format,
+        )
+    except LimitExceeded as exc:
+        if exc.code == "prompt_tokens_exceeded":
+            raise over(unit.path) from None
+        raise
+    return None if used is None else used + fixed
+
+
+def _counted(unit: PromptUnit, ctx: _Context, limit: int, over: _Over) -> int:
+    """The fallback bound of one unit: each field counted exactly, plus the overheads."""
+    counter = ctx.counter
+    used = _fixed(unit)
+    if used > limit:
+        raise over(unit.path)
+    if len(unit.texts) > 1:
+        # Many short texts (400 messages, say) are refused from one bound over them all
+        # before any is measured alone (a tokenizer call or several C passes each).
+        texts = [text for _, text in unit.texts]
+        if used + counter.lower_bound_of_sum(texts, enough=limit - used) > limit:
+            raise over(unit.path)
+    edge = _EDGE if unit.templated else 0
+    for path, text in unit.texts:
+        used += _measure(counter, text, limit - used - edge, path, over) + edge
+    for path, value in unit.values:
+        used += _measure_json(counter, value, limit - used - edge, path, over) + edge
+    flavours = ctx.policy.limits.tokens.render_like
+    for arg in unit.arguments:
+        weight = 0
+        left = limit - used - edge
+        if "llama_cpp" in flavours:
+            weight = _measure(counter, arg.raw, left, arg.path, over)
+        if "vllm" in flavours:
+            weight = max(weight, _measure_json(counter, arg.parsed, left, arg.path, over))
+        used += weight + edge
+    if used > limit:
+        raise over(unit.path)
+    if unit.template is not None:
+        used += _template_tokens(unit, ctx, max(limit - used, 0) + 1)
+        if used > limit:
+            raise over(("prompt_template",))
+    return used
+
+
+def _template_tokens(unit: PromptUnit, ctx: _Context, cap: int) -> int:
+    """A bound on the tokens of the unit's expanded prompt template, literal runs counted
+    (short ones weighed by their bytes)."""
+    counter = ctx.counter
+
+    def weigh(text: str) -> int:
+        size = _utf8_len(text) if len(text) <= _SMALL_RUN else None
+        if size is not None and size <= _SMALL_RUN and counter.byte_bounds:
+            return size
+        return counter.measure(text, cap, exact=True).tokens
+
+    return _template_size(unit, weigh, ctx.policy.limits.templates.max_depth, cap)
+
+
+def _measure(
+    counter: TokenCounter, text: str, left: int, path: tuple[str | int, ...], over: _Over
+) -> int:
+    if left < 0:
+        raise over(path)
+    stats = counter.measure(text, left, exact=True)
+    if not stats.within_limit:
+        raise over(path)
+    return stats.tokens
+
+
+def _measure_json(
+    counter: TokenCounter, value: Any, left: int, path: tuple[str | int, ...], over: _Over
+) -> int:
+    """Tokens of ``value`` as indent-4 JSON, built only when its size allows it to fit."""
+    if left < 0:
+        raise over(path)
+    # Tokens are at most max_token_bytes long (for other tokenizers, 64 bytes is assumed).
+    most = max(counter.max_token_bytes, 64) * left
+    if indent4_size(value, most) > most:
+        raise over(path)
+    return _measure(counter, indent4_text(value), left, path, over)

@@ -287,18 +287,23 @@ _DEFAULT = Policy()
 
 
 def _check_tokenizer(policy: Policy, origins: Mapping[str, str], source: str | None) -> None:
+    from guard.checks._render import check_chat_template_source
     from guard.tokens import get_counter
 
-    spec = policy.limits.tokens.tokenizer
-    try:
-        get_counter(spec)
-    except Exception as exc:
-        var = origins.get("limits.tokens.tokenizer")
-        where = f" (from {var})" if var else ""
-        raise PolicyError(
-            [f"limits.tokens.tokenizer: cannot load {spec[:200]!r}: {str(exc)[:300]}{where}"],
-            source,
-        ) from None
+    tokens = policy.limits.tokens
+    for name, spec, load in (
+        ("tokenizer", tokens.tokenizer, lambda: get_counter(tokens.tokenizer)),
+        ("chat_template", tokens.chat_template, lambda: check_chat_template_source(policy)),
+    ):
+        try:
+            load()
+        except Exception as exc:
+            var = origins.get(f"limits.tokens.{name}")
+            where = f" (from {var})" if var else ""
+            raise PolicyError(
+                [f"limits.tokens.{name}: cannot load {str(spec)[:200]!r}: {str(exc)[:300]}{where}"],
+                source,
+            ) from None
 
 
 def _redact_url(url: str) -> str:

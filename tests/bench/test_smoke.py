@@ -57,6 +57,12 @@ BENCHES: dict[str, Bench] = {
         keys=frozenset({"limits", "runs", "rows"}),
         row_keys=frozenset({"body", "kind", "bytes", "outcome", "parse_json_body_mb_s"}),
     ),
+    "prompt_count.py": Bench(
+        ("--runs", "1", "--json"),
+        json_on_stdout=True,
+        keys=frozenset({"tokenizer", "runs", "rows"}),
+        row_keys=frozenset({"policy", "body", "us", "prompt_tokens", "verdict", "body_bytes"}),
+    ),
     "guided_check.py": Bench(
         ("--repeat", "1", "--sizes", "1,2", "--json"),
         json_on_stdout=True,

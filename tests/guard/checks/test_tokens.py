@@ -112,26 +112,38 @@ def test_reserved_output_counts_every_sequence() -> None:
 
 # -- prompt tokens ------------------------------------------------------------------------------
 
+# A one-message chat's fallback overhead: per request, per message, the role; a counted text
+# adds one token for its edges (none when bytes bound it).
+CHAT_BYTES = T.per_request_tokens + T.per_message_tokens + len("user")
+CHAT_COUNTED = CHAT_BYTES + 1
+SPECIALS = COUNTER.special_tokens  # completions add the tokenizer's special tokens
+
 
 def test_prompt_at_and_over_the_cap_exactly() -> None:
-    overhead = T.per_message_tokens
-    at = chat(text_of_tokens(T.max_prompt_tokens - overhead), max_tokens=1)
+    at = chat(text_of_tokens(T.max_prompt_tokens - CHAT_COUNTED), max_tokens=1)
     result = run(at, policy=NO_CONTEXT)
     assert result.rejection is None
     assert result.costs["prompt_tokens"] == T.max_prompt_tokens
     assert result.costs["prompt_tokens_exact"] == 1
-    over = chat(text_of_tokens(T.max_prompt_tokens - overhead + 1), max_tokens=1)
+    over = chat(text_of_tokens(T.max_prompt_tokens - CHAT_COUNTED + 1), max_tokens=1)
     err = rejection(over, policy=NO_CONTEXT)
     assert err.code == "prompt_tokens_exceeded"
     assert err.param == "messages[0].content"
 
 
 def test_completion_prompt_at_and_over() -> None:
-    limit = T.max_prompt_tokens
+    limit = T.max_prompt_tokens - SPECIALS
     assert run({"prompt": text_of_tokens(limit), "max_tokens": 1}, COMPLETIONS, NO_CONTEXT).allowed
     err = rejection({"prompt": text_of_tokens(limit + 1), "max_tokens": 1}, COMPLETIONS, NO_CONTEXT)
     assert err.code == "prompt_tokens_exceeded"
     assert err.param == "prompt"
+    # Without the tokenizer's special tokens, the whole cap is text.
+    body = {
+        "prompt": text_of_tokens(limit + SPECIALS),
+        "max_tokens": 1,
+        "add_special_tokens": False,
+    }
+    assert run(body, COMPLETIONS, NO_CONTEXT).allowed
 
 
 def test_token_ids_count_as_tokens() -> None:
@@ -147,7 +159,7 @@ def test_token_ids_count_as_tokens() -> None:
 
 
 def test_the_cap_is_summed_over_the_request() -> None:
-    half = text_of_tokens(T.max_prompt_tokens // 2)
+    half = text_of_tokens(T.max_prompt_tokens // 2 - SPECIALS)
     body = {"prompt": [half, half, " word"], "max_tokens": 1}
     err = rejection(body, COMPLETIONS, NO_CONTEXT)
     assert err.code == "prompt_tokens_exceeded"
@@ -186,20 +198,26 @@ def test_everything_that_becomes_prompt_is_counted() -> None:
     )
 
 
-def test_media_parts_are_not_text() -> None:
+def test_media_parts_are_not_text_but_estimated() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 50_000}}
-    result = run({"messages": [{"role": "user", "content": [image]}], "max_tokens": 5})
+    body = {"messages": [{"role": "user", "content": [image]}], "max_tokens": 5}
+    vllm = policy_from_yaml("limits: {tokens: {render_like: [vllm]}}")
+    result = run(body, policy=vllm)
     assert result.rejection is None
-    assert result.costs["prompt_tokens"] < 10
+    assert result.costs["media_tokens"] == T.tokens_per_image
+    assert result.costs["prompt_tokens"] < T.tokens_per_image + 50
+    # llama-cpp-python gives a text-only template the part as it is: the URL is text.
+    assert rejection(body).code == "prompt_tokens_exceeded"
 
 
 def test_short_prompts_are_not_tokenized_unless_exact_costs() -> None:
-    result = run(chat("hello there, how are you?", max_tokens=5))
+    text = "hello there, how are you?"
+    result = run(chat(text, max_tokens=5))
     assert result.costs["prompt_tokens_exact"] == 0
-    assert result.costs["prompt_tokens"] == len("hello there, how are you?") + T.per_message_tokens
-    result = run(chat("hello there, how are you?", max_tokens=5), policy=EXACT)
+    assert result.costs["prompt_tokens"] == len(text) + CHAT_BYTES
+    result = run(chat(text, max_tokens=5), policy=EXACT)
     assert result.costs["prompt_tokens_exact"] == 1
-    assert result.costs["prompt_tokens"] == 7 + T.per_message_tokens
+    assert result.costs["prompt_tokens"] == 7 + CHAT_COUNTED
 
 
 def test_long_but_legal_prompts_pass() -> None:
@@ -208,7 +226,7 @@ def test_long_but_legal_prompts_pass() -> None:
     result = run(chat(prose, max_tokens=100))
     assert result.rejection is None
     assert result.costs["prompt_tokens_exact"] == 1
-    assert result.costs["prompt_tokens"] == COUNTER.encode_count(prose) + T.per_message_tokens
+    assert result.costs["prompt_tokens"] == COUNTER.encode_count(prose) + CHAT_COUNTED
 
 
 @pytest.mark.parametrize(
@@ -221,11 +239,11 @@ def test_long_but_legal_prompts_pass() -> None:
     ],
 )
 def test_non_latin_text_is_counted_exactly(text: str) -> None:
-    expected = COUNTER.encode_count(text) + T.per_message_tokens
+    expected = COUNTER.encode_count(text) + CHAT_COUNTED
     result = run(chat(text, max_tokens=10), policy=NO_CONTEXT)
     if expected <= T.max_prompt_tokens:
         assert result.rejection is None
-        assert result.costs["prompt_tokens"] <= len(text.encode()) + T.per_message_tokens
+        assert result.costs["prompt_tokens"] <= len(text.encode()) + CHAT_BYTES
         if result.costs["prompt_tokens_exact"]:
             assert result.costs["prompt_tokens"] == expected
     else:
@@ -244,10 +262,9 @@ def test_huge_prompt_is_refused_without_tokenizing_it() -> None:
 
 def test_context_length_at_and_over() -> None:
     policy = policy_from_yaml("limits: {tokens: {context_length: 1000, max_output_tokens: 500}}")
-    overhead = T.per_message_tokens
-    at = chat(text_of_tokens(1000 - 500 - overhead), max_tokens=500)
+    at = chat(text_of_tokens(1000 - 500 - CHAT_COUNTED), max_tokens=500)
     assert run(at, policy=policy).rejection is None
-    over = chat(text_of_tokens(1000 - 500 - overhead + 1), max_tokens=500)
+    over = chat(text_of_tokens(1000 - 500 - CHAT_COUNTED + 1), max_tokens=500)
     err = rejection(over, policy=policy)
     assert err.code == "context_length_exceeded"
     # A smaller output cap makes room.
@@ -261,9 +278,12 @@ def test_context_length_applies_per_prompt() -> None:
         "limits: {tokens: {context_length: 600, max_output_tokens: 100, default_max_tokens: 100,"
         " max_prompt_tokens: 2048}}"
     )
-    ok = {"prompt": [text_of_tokens(500)] * 3, "max_tokens": 100}
+    ok = {"prompt": [text_of_tokens(500 - SPECIALS)] * 3, "max_tokens": 100}
     assert run(ok, COMPLETIONS, policy).rejection is None
-    over = {"prompt": [text_of_tokens(500), text_of_tokens(501)], "max_tokens": 100}
+    over = {
+        "prompt": [text_of_tokens(500 - SPECIALS), text_of_tokens(501 - SPECIALS)],
+        "max_tokens": 100,
+    }
     err = rejection(over, COMPLETIONS, policy)
     assert err.code == "context_length_exceeded"
     assert err.param == "prompt[1]"
@@ -271,8 +291,9 @@ def test_context_length_applies_per_prompt() -> None:
 
 def test_embeddings_inputs_fit_the_context() -> None:
     policy = policy_from_yaml("limits: {tokens: {context_length: 300, default_max_tokens: 100}}")
-    assert run({"input": text_of_tokens(300)}, "/v1/embeddings", policy).rejection is None
-    err = rejection({"input": text_of_tokens(301)}, "/v1/embeddings", policy)
+    ok = {"input": text_of_tokens(300 - SPECIALS)}
+    assert run(ok, "/v1/embeddings", policy).rejection is None
+    err = rejection({"input": text_of_tokens(301 - SPECIALS)}, "/v1/embeddings", policy)
     assert err.code == "context_length_exceeded"
 
 
@@ -285,12 +306,12 @@ def test_non_object_bodies_pass_through() -> None:
 
 
 def test_prompt_template_expansion_is_counted_as_expanded() -> None:
-    limit = T.max_prompt_tokens
+    limit = T.max_prompt_tokens - SPECIALS
     words = text_of_tokens(limit // 4)
     at = {"prompt_template": "{{a}}{{ a }}{{a}}{{a}}", "template_vars": {"a": words}}
     result = run(at | {"max_tokens": 1}, COMPLETIONS, NO_CONTEXT)
     assert result.rejection is None
-    assert result.costs["prompt_tokens"] == limit
+    assert result.costs["prompt_tokens"] == limit // 4 * 4 + SPECIALS
     over = at | {"template_vars": {"a": words + " word"}, "max_tokens": 1}
     err = rejection(over, COMPLETIONS, NO_CONTEXT)
     assert err.code == "prompt_tokens_exceeded"
@@ -301,13 +322,13 @@ def test_prompt_template_expansion_is_counted_as_expanded() -> None:
     small = {"prompt_template": "{{b}}" * 10, "template_vars": {"b": "x{{c}}" * 3, "c": "yz"}}
     result = run(small | {"max_tokens": 1}, COMPLETIONS, NO_CONTEXT)
     assert result.rejection is None
-    assert result.costs["prompt_tokens"] == 10 * 3 * 3  # bytes: an upper bound
+    assert result.costs["prompt_tokens"] == 10 * 3 * 3 + SPECIALS  # bytes: an upper bound
 
 
 def test_prompt_template_without_variables_is_plain_text() -> None:
     result = run({"prompt_template": "Hello {{system_prompt}}", "max_tokens": 1}, COMPLETIONS)
     assert result.rejection is None
-    assert result.costs["prompt_tokens"] == len("Hello {{system_prompt}}")
+    assert result.costs["prompt_tokens"] == len("Hello {{system_prompt}}") + SPECIALS
 
 
 def test_hostile_templates_stay_cheap_for_the_tokens_check_alone() -> None:
@@ -342,8 +363,8 @@ def test_many_messages_are_refused_from_one_bound_before_any_is_measured(
     assert err.code == "prompt_tokens_exceeded" and err.param == "messages"
     assert measured == []
     # When the bound does not decide, each message is still measured alone, and the one that
-    # crosses the cap is named: 25 * 4 overhead + 20 * 100 tokens > 2048.
+    # crosses the cap is named: 32 + 25 * 9 overhead + 18 * 101 tokens > 2048.
     body["messages"] = [{"role": "user", "content": text_of_tokens(100)}] * 25
     err = rejection(body, policy=EXACT)
-    assert err.code == "prompt_tokens_exceeded" and err.param == "messages[19].content"
+    assert err.code == "prompt_tokens_exceeded" and err.param == "messages[17].content"
     assert measured
