@@ -287,6 +287,13 @@ def _add_live(run: argparse.ArgumentParser) -> None:
         "stops)",
     )
     live.add_argument(
+        "--max-restarts",
+        type=_positive_int,
+        default=20,
+        metavar="N",
+        help="with --restart-cmd: restart the server at most this many times, then stop",
+    )
+    live.add_argument(
         "--dead-wait",
         type=_positive_float,
         default=30.0,
@@ -504,6 +511,7 @@ def _run_live(args: argparse.Namespace) -> int:
                 model=args.model,
                 headers=tuple(args.header or ()),
                 restart_cmd=args.restart_cmd,
+                max_restarts=args.max_restarts,
                 ignore_5xx=tuple(args.ignore_5xx or ()),
                 expect_findings=args.expect_findings,
                 name=name,

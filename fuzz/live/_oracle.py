@@ -84,11 +84,14 @@ class Measured:
 
     @property
     def score(self) -> float:
-        """How interesting the request is as a parent (higher: costlier); 0 for a request the
-        guard refused (the upstream never saw it)."""
+        """How interesting the request is as a parent: its cost per KiB sent (a long prompt
+        costs in proportion, what grows faster than its size is the interesting part; and a
+        queue of merely slow parents would slow the campaign down), plus its excess over the
+        guard's bound; 0 for a request the guard refused (the upstream never saw it)."""
         if self.reply is None:
             return 0.0
-        return self.outcome.cost.scalar() + 10.0 * max(0, self.excess)
+        size_kib = len(self.sent_body or b"") / 1024
+        return self.outcome.cost.scalar() / (1.0 + size_kib) + 10.0 * max(0, self.excess)
 
 
 def error_signature(message: str) -> str:

@@ -4,8 +4,8 @@
 
 1. skips it when its cause is known (a crash, hang or 5xx of the same kind), or, for an
    under-count, when a request with the same unusual fields was examined already;
-2. confirms a measured crossing (latency or memory over the budget) by sending it again:
-   other load on the machine is not a finding; with concurrent workers, a crash or hang too
+2. confirms a measured crossing (latency or memory over the budget) and a 5xx by sending it
+   again: other load on the machine is not a finding; with concurrent workers, a crash or hang too
    (every request in flight when the server died failed: the finding is the one that kills
    it again alone);
 3. minimises it with :func:`fuzz.live._shrink.shrink_json` against the live server (bounded in
@@ -364,13 +364,15 @@ class LiveRecorder:
 
     def _confirmed(self, req: LiveRequest, measured: Measured) -> bool:
         """Send a measured crossing (latency, memory) again: other load on the machine is not
-        a finding. With concurrent workers (``confirm_faults``), a crash or a hang too: every
+        a finding; a 5xx too (one request: a gateway's 502 on a connection to a server that
+        was just restarted is not the request's). With concurrent workers
+        (``confirm_faults``), a crash or a hang too: every
         request in flight when the server died failed, only the one that kills it again alone
         is the finding (the server is brought back first; when it cannot be, the request is
         taken as it is)."""
         out = measured.outcome
         faults = out.verdict in ("crash", "timeout") and self.confirm_faults
-        if out.verdict not in _MEASURED and not faults:
+        if out.verdict not in _MEASURED and out.verdict != "server_error" and not faults:
             return True
         if faults and not self.oracle.alive() and not self.recover():
             return True
