@@ -31,8 +31,9 @@ sandbox bounds the render itself: output, values, loops, time).
 bound. Media placeholders are not rendered: the media tokens are the per-item estimates.
 
 A render that fails the way the upstream's would not (the sandbox refusing an operation, the
-template raising on this input) returns ``None``: the caller falls back to the bound. Budget
-limits (tokens, output, loops, time) are refusals.
+template raising on this input) or that runs past the sandbox's deadline returns ``None``: the
+caller falls back to the bound. The other budget limits (tokens, output, values, loops) are
+refusals: the upstream would pay them too.
 """
 
 from __future__ import annotations
@@ -251,6 +252,8 @@ def load_chat_template(spec: str | None, tokenizer: str) -> ChatTemplateSource |
         jinja_file, config_file = None, path
     else:
         jinja_file, config_file = path, path.parent / "tokenizer_config.json"
+    if jinja_file is not None and not path.is_dir() and not jinja_file.is_file():
+        raise FileNotFoundError(f"no chat template at {path}")
     config = _read_config(config_file) if config_file.is_file() else {}
     if jinja_file is not None and jinja_file.is_file():
         default, tool_use = jinja_file.read_text(encoding="utf-8"), None
@@ -636,6 +639,10 @@ def render_count(
             prompt = _render(compiled, variables, limits=sandbox, budget=budget)
         except TemplateError:
             return None  # the sandbox or the template refused this input: not a cost
+        except LimitExceeded as exc:
+            if exc.code == "deadline_exceeded":
+                return None  # the guard is slow (a loaded machine): the bound decides
+            raise
         if prompt not in counted:
             stats = counter.measure(prompt, limit, exact=True)
             if not stats.within_limit:

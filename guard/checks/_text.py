@@ -307,19 +307,26 @@ def _extra(unit: PromptUnit, path: Path, key: str, value: Any) -> None:
         unit.weigh(path, {key: value})
 
 
+# Tokens around each media item besides its features: vLLM joins its placeholders to the text
+# with newlines (string content format).
+_MEDIA_SEPARATOR = 2
+
+
 def _media_tokens(kind: PartKind, payload: Any, c: Counting) -> int:
     if kind.kind == "unknown":
         return 0
     if kind.modality == "audio":
-        return c.audio
-    if kind.modality == "video":
+        tokens = c.audio
+    elif kind.modality == "video":
         frames = VIDEO_FRAMES_READ
         if isinstance(payload, str) and payload[:5].lower() == "data:":
             comma = payload.find(",", 5, 261)
             if comma > 0 and payload[5:comma].partition(";")[0].lower() == "video/jpeg":
                 frames = min(frames, payload.count(",", comma + 1) + 1)
-        return c.video_frame * frames
-    return c.image
+        tokens = c.video_frame * frames
+    else:
+        tokens = c.image
+    return tokens + _MEDIA_SEPARATOR if tokens else 0
 
 
 def _tool_calls(unit: PromptUnit, path: Path, calls: list[Any], c: Counting) -> None:

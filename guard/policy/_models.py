@@ -365,7 +365,9 @@ class MultimodalPolicy(Section):
         default=True,
         description="Accept `http(s)://` media URLs (the upstream fetches them; the guard "
         "cannot size them). Other schemes (`file:`, ...) and URLs with spaces or control "
-        "characters (llama-cpp-python's `urlopen` strips them) are always refused.",
+        "characters (llama-cpp-python's `urlopen` strips them) are always refused. Set it to "
+        "`false` in front of llama-cpp-python, which opens any non-`data:` URL with `urlopen` "
+        "(no timeout, no size cap), or of a vLLM without `--allowed-media-domains`.",
     )
     allow_encoded_video: bool = Field(
         default=False,

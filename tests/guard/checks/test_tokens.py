@@ -204,7 +204,7 @@ def test_media_parts_are_not_text_but_estimated() -> None:
     vllm = policy_from_yaml("limits: {tokens: {render_like: [vllm]}}")
     result = run(body, policy=vllm)
     assert result.rejection is None
-    assert result.costs["media_tokens"] == T.tokens_per_image
+    assert result.costs["media_tokens"] == T.tokens_per_image + 2  # and its newline
     assert result.costs["prompt_tokens"] < T.tokens_per_image + 50
     # llama-cpp-python gives a text-only template the part as it is: the URL is text.
     assert rejection(body).code == "prompt_tokens_exceeded"

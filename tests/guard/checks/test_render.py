@@ -1,0 +1,195 @@
+"""guard.checks._render: finding the upstream's template, and the conversation vLLM builds."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.checks import check_tokens
+from guard.checks._render import (
+    detect_content_format,
+    llama_cpp_variables,
+    load_chat_template,
+    render_count,
+    vllm_variables,
+)
+from guard.checks._text import ChatInput
+from guard.errors import LimitExceeded
+from guard.jinja import ChatTemplateLimits
+from guard.policy import policy_from_yaml
+from guard.request_view import RequestView
+from guard.tokens import get_counter
+
+LOOPS_OVER_CONTENT = (
+    "{% for m in messages %}{% for part in m.content %}{{ part.text }}{% endfor %}{% endfor %}"
+)
+PRINTS_CONTENT = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+MACRO = (
+    "{% macro render(content) %}{% for c in content %}{{ c.text }}{% endfor %}{% endmacro %}"
+    "{% for message in messages %}{{ render(message.content) }}{% endfor %}"
+)
+
+
+def test_content_format_is_detected_as_vllm_detects_it() -> None:
+    assert detect_content_format(LOOPS_OVER_CONTENT) == "openai"
+    assert detect_content_format(MACRO) == "openai"
+    assert detect_content_format(PRINTS_CONTENT) == "string"
+    assert detect_content_format("{% if %}") == "string"  # does not parse: vLLM's default
+
+
+def _gguf(template: str, tokens: list[str], bos: int, eos: int) -> bytes:
+    def string(text: str) -> bytes:
+        raw = text.encode()
+        return struct.pack("<Q", len(raw)) + raw
+
+    kvs = [
+        (string("general.name") + struct.pack("<I", 8) + string("tiny")),
+        (string("tokenizer.chat_template") + struct.pack("<I", 8) + string(template)),
+        (
+            string("tokenizer.ggml.tokens")
+            + struct.pack("<IIQ", 9, 8, len(tokens))
+            + b"".join(string(t) for t in tokens)
+        ),
+        (string("tokenizer.ggml.scores") + struct.pack("<IIQ", 9, 6, 2) + b"\x00" * 8),
+        (string("tokenizer.ggml.bos_token_id") + struct.pack("<II", 4, bos)),
+        (string("tokenizer.ggml.eos_token_id") + struct.pack("<II", 4, eos)),
+    ]
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs) + b"\x00" * 64
+
+
+def test_templates_are_found_next_to_the_tokenizer(tmp_path: Path) -> None:
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")
+    assert load_chat_template("auto", str(tokenizer)) is None
+    assert load_chat_template("auto", "cl100k_base") is None
+    assert load_chat_template(None, str(tokenizer)) is None
+    # A GGUF model: its template and BOS/EOS.
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(_gguf("{{ bos_token }}hi", ["<s>", "</s>", "a"], 0, 1))
+    load_chat_template.cache_clear()
+    found = load_chat_template("auto", str(tokenizer))
+    assert found is not None and found.default == "{{ bos_token }}hi"
+    assert dict(found.special_tokens) == {"bos_token": "<s>", "eos_token": "</s>"}
+    # tokenizer_config.json, named templates: tool_use for requests with tools.
+    config = {
+        "bos_token": {"content": "<|b|>"},
+        "chat_template": [
+            {"name": "default", "template": "plain"},
+            {"name": "tool_use", "template": "{% generation %}tools{% endgeneration %}"},
+        ],
+    }
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    load_chat_template.cache_clear()
+    found = load_chat_template("auto", str(tokenizer))
+    assert found is not None
+    assert found.source_for(False) == "plain"
+    assert "generation" not in found.source_for(True)  # transformers' tag, a no-op here
+    assert dict(found.special_tokens) == {"bos_token": "<|b|>"}
+    # chat_template.jinja wins.
+    (tmp_path / "chat_template.jinja").write_text("jinja")
+    load_chat_template.cache_clear()
+    found = load_chat_template("auto", str(tokenizer))
+    assert found is not None and found.default == "jinja"
+    with pytest.raises(FileNotFoundError):
+        load_chat_template(str(tmp_path / "missing.jinja"), str(tokenizer))
+
+
+def test_the_conversation_vllm_builds() -> None:
+    body: dict[str, Any] = {
+        "messages": [
+            {"role": "developer", "content": "dev"},
+            {"role": "system", "content": [{"type": "text", "text": "sys"}]},
+            {
+                "role": "user",
+                "content": [
+                    "bare",
+                    {"type": "refusal", "refusal": "no"},
+                    {"type": "thinking", "thinking": "hmm", "closed": True},
+                    {"type": "input_text", "text": "in", "cache_control": {"x": 1}},
+                    {"type": "image_url", "image_url": {"url": "https://x/y.png"}, "note": "n"},
+                    {"type": "tool_reference", "name": "search"},
+                ],
+                "name": "ann",
+                "extra": "dropped",
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "because",
+                "tool_calls": [
+                    {"id": "1", "type": "function", "function": {"name": "f", "arguments": "[1]"}},
+                    {"id": "2", "type": "function", "function": {"name": "g", "arguments": ""}},
+                ],
+            },
+            {"role": "tool", "tool_call_id": "1", "content": [{"type": "text", "text": "a"}] * 2},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "extra": 1}, "junk": 2}],
+        "reasoning_effort": "low",
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    chat = ChatInput(body["messages"], body)
+    variables = vllm_variables(chat, LOOPS_OVER_CONTENT, (("bos_token", "<s>"),), 32)
+    messages = variables["messages"]
+    # No "developer" in the template: developer and system messages merged into one.
+    assert messages[0] == {"role": "system", "content": "dev\n\nsys"}
+    user = messages[1]
+    assert user["content"][:4] == [
+        {"type": "text", "text": "bare"},
+        {"type": "text", "text": "no"},
+        {"type": "text", "text": "hmm"},
+        {"type": "text", "text": "in", "cache_control": {"x": 1}},
+    ]
+    assert user["content"][4] == {"type": "image", "note": "n"}
+    assert user["content"][5] == {"type": "tool_reference", "name": "search"}
+    assert user["name"] == "ann" and "extra" not in user
+    assistant = messages[2]
+    assert assistant["reasoning"] == assistant["reasoning_content"] == "because"
+    assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == [{}, {}]
+    assert messages[3]["content"] == "a\na" and messages[3]["tool_call_id"] == "1"
+    assert variables["tools"] == [
+        {"type": "function", "function": {"name": "f", "description": None, "parameters": None}}
+    ]
+    assert variables["bos_token"] == "<s>" and variables["add_generation_prompt"] is True
+    assert variables["reasoning_effort"] == "low" and variables["enable_thinking"] is False
+    # The string content format joins the texts.
+    flat = vllm_variables(chat, PRINTS_CONTENT, (), 32)["messages"]
+    assert flat[1]["content"] == "bare\nno\nhmm\nin\nsearch"
+    # llama-cpp-python passes the messages as they are.
+    assert llama_cpp_variables(chat, ())["messages"] is body["messages"]
+
+
+def test_a_render_that_fails_falls_back_and_limits_refuse() -> None:
+    counter = get_counter()
+    chat = ChatInput([{"role": "user", "content": "hi"}], {})
+    limits = ChatTemplateLimits()
+    raising = "{{ raise_exception('roles must alternate') }}"
+    assert render_count(chat, raising, (), ("vllm",), counter, 100, limits, 32) is None
+    escape = "{{ messages.__class__.__mro__ }}"
+    assert render_count(chat, escape, (), ("vllm",), counter, 100, limits, 32) is None
+    loops = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}"
+    with pytest.raises(LimitExceeded):
+        render_count(chat, loops, (), ("vllm",), counter, 100, limits, 32)
+    big = "{% for m in messages %}{{ m.content * 5000 }}{% endfor %}"
+    with pytest.raises(LimitExceeded) as info:
+        render_count(chat, big, (), ("vllm",), counter, 100, limits, 32)
+    assert info.value.code == "prompt_tokens_exceeded"
+
+
+def test_a_failing_template_leaves_the_fallback_bound(tmp_path: Path) -> None:
+    (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('no') }}")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    policy = policy_from_yaml(
+        f"limits: {{tokens: {{chat_template: '{tmp_path / 'chat_template.jinja'}', "
+        "exact_costs: true}}"
+    )
+    body = {"messages": [{"role": "user", "content": "hello there"}]}
+    result = check_tokens(RequestView.build(body, path="/v1/chat/completions"), policy)
+    assert result.rejection is None
+    tokens = policy.limits.tokens
+    assert result.costs["prompt_tokens"] == (
+        tokens.per_request_tokens + tokens.per_message_tokens + len("user") + 2 + 1
+    )
