@@ -415,13 +415,42 @@ class LimitsPolicy(Section):
 # -- rate and keys ----------------------------------------------------------------------------
 
 
+class AnonymousRate(Section):
+    """The anonymous tenant's allowances: every caller when the policy lists no keys."""
+
+    requests_per_minute: PosInt | None = Field(
+        default=None,
+        description="Requests per minute of all callers together. `null` (default): "
+        "unlimited, so that one service behind the guard (a team's sidecar, a benchmark) is "
+        "not throttled; the global concurrency and the checks still protect the upstream.",
+    )
+    tokens_per_minute: PosInt | None = Field(
+        default=None, description="Tokens per minute of all callers together. `null`: unlimited."
+    )
+    burst: PosInt | None = Field(
+        default=None, description="The request bucket's capacity. `null`: `rate.burst`."
+    )
+    token_burst: PosInt | None = Field(
+        default=None, description="The token bucket's capacity. `null`: a minute's worth."
+    )
+    concurrency: PosInt | None = Field(
+        default=None,
+        description="Requests in flight of all callers together. `null`: "
+        "`rate.global_concurrency` (nothing tighter than the guard's own cap).",
+    )
+
+
 @dataclass(frozen=True, config=LIMITS_CONFIG)
 class RatePolicy(RateLimits):
-    """The rate limits of :class:`~guard.admission.RateLimits` (the anonymous tenant's, and
-    every key's unless overridden), concurrency, and where the buckets are kept."""
+    """The rate limits of :class:`~guard.admission.RateLimits` (every API key's unless its
+    entry overrides them; without keys, `rate.anonymous` applies), concurrency, and where the
+    buckets are kept."""
 
     per_key_concurrency: PosInt = Field(
-        default=16, description="Requests in flight per API key (more wait in the queue)."
+        default=64,
+        description="Requests in flight per API key (more wait in the queue): a quarter of "
+        "`global_concurrency`, so that one tenant can use a good share of the engine's batch "
+        "and four can fill it.",
     )
     global_concurrency: PosInt = Field(
         default=256,
@@ -445,6 +474,12 @@ class RatePolicy(RateLimits):
         description="When Redis is unreachable: `closed` refuses requests (503), `open` "
         "admits them unlimited. Never silently per replica.",
     )
+    anonymous: AnonymousRate = Field(
+        default_factory=lambda: AnonymousRate(),
+        description="The anonymous tenant's limits (no keys configured: every caller). By "
+        "default no request or token rate and the global concurrency: per-tenant rates apply "
+        "to keys, or here when set.",
+    )
 
     @field_validator("redis_url")
     @classmethod
@@ -457,6 +492,19 @@ class RatePolicy(RateLimits):
     def slot_limits(self) -> ConcurrencyLimits:
         """The concurrency limits of one key (built once per key's rate)."""
         return ConcurrencyLimits(self.per_key_concurrency, self.queue_size)
+
+    @cached_property
+    def anonymous_rate(self) -> RatePolicy:
+        """The anonymous tenant's limits: these with ``anonymous``'s (built once)."""
+        anon = self.anonymous
+        return dataclasses.replace(
+            self,
+            requests_per_minute=anon.requests_per_minute,
+            tokens_per_minute=anon.tokens_per_minute,
+            burst=anon.burst or self.burst,
+            token_burst=anon.token_burst,
+            per_key_concurrency=anon.concurrency or self.global_concurrency,
+        )
 
 
 class RateOverrides(Section):
@@ -650,9 +698,9 @@ class Policy(Section):
         return {entry.digest: entry.rate.apply(self.rate) for entry in self.keys}
 
     def rate_for(self, entry: KeyEntry | None) -> RatePolicy:
-        """The rate limits of one key (the global ones for the anonymous tenant)."""
+        """The rate limits of one key (``rate.anonymous``'s for the anonymous tenant)."""
         if entry is None:
-            return self.rate
+            return self.rate.anonymous_rate
         rate = self.rates_by_digest.get(entry.digest)
         return rate if rate is not None else entry.rate.apply(self.rate)
 

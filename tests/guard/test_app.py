@@ -320,7 +320,7 @@ async def test_api_keys() -> None:
 
 
 async def test_rate_limit_gives_429_with_retry_after() -> None:
-    async with guard("rate: {requests_per_minute: 1, burst: 1}") as g:
+    async with guard("rate: {anonymous: {requests_per_minute: 1, burst: 1}}") as g:
         assert (await g.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
         resp = await g.client.post("/v1/chat/completions", json=CHAT)
         assert resp.status_code == 429 and error_code(resp) == "rate_limited_requests"
@@ -329,14 +329,14 @@ async def test_rate_limit_gives_429_with_retry_after() -> None:
 
 
 async def test_token_reservation_refuses_a_request_bigger_than_the_bucket() -> None:
-    async with guard("rate: {tokens_per_minute: 100}") as g:
+    async with guard("rate: {anonymous: {tokens_per_minute: 100}}") as g:
         resp = await g.client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 500})
         assert resp.status_code in (400, 429), resp.text
         assert g.fake.received == []
 
 
 async def test_concurrency_limit_refuses_while_a_request_is_in_flight() -> None:
-    policy = "rate: {per_key_concurrency: 1, queue_size: 0, queue_timeout_s: 0.1}"
+    policy = "rate: {anonymous: {concurrency: 1}, queue_size: 0, queue_timeout_s: 0.1}"
     async with guard(policy) as g:
         first = asyncio.create_task(
             g.client.post("/v1/chat/completions", json=CHAT, headers={"x-fake": "hang"})
@@ -710,7 +710,7 @@ async def test_access_log_stream_sink_batches_lines() -> None:
 async def test_token_reservations_are_reconciled_with_the_upstream_usage() -> None:
     # Each request reserves prompt + 256 output tokens of a 600-token bucket, then uses 8:
     # without the refund the third request would be refused.
-    async with guard("rate: {tokens_per_minute: 600}") as g:
+    async with guard("rate: {anonymous: {tokens_per_minute: 600}}") as g:
         for _ in range(5):
             resp = await g.client.post("/v1/chat/completions", json=CHAT)
             assert resp.status_code == 200, resp.text

@@ -31,7 +31,9 @@ CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hello there"}
 
 async def test_limiter_series_count_one_unit_each() -> None:
     async with fake_upstream() as fake:
-        app = create_app(policy_from_yaml("rate: {tokens_per_minute: 600}"), upstream_url=fake.url)
+        app = create_app(
+            policy_from_yaml("rate: {anonymous: {tokens_per_minute: 600}}"), upstream_url=fake.url
+        )
         async with serve(app) as url, httpx.AsyncClient(base_url=url) as client:
             for _ in range(3):
                 assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200

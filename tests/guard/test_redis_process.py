@@ -31,7 +31,7 @@ CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_t
 def _policy(tmp: Path, on_failure: str) -> Path:
     path = tmp / f"policy-{on_failure}.yaml"
     path.write_text(
-        f"rate: {{requests_per_minute: {LIMIT}, burst: {LIMIT}, tokens_per_minute: null, "
+        f"rate: {{anonymous: {{requests_per_minute: {LIMIT}, burst: {LIMIT}}}, "
         f"on_redis_failure: {on_failure}}}\n",
         encoding="utf-8",
     )

@@ -124,7 +124,11 @@ async def test_streamed_headers_carry_x_accel_buffering_once() -> None:
 async def test_a_client_leaving_mid_stream_is_a_499_charged_for_what_was_generated(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async with guard() as g, httpx.AsyncClient(base_url=g.url) as client:
+    # A token rate, so that there is a bucket to charge (the anonymous tenant has none by default).
+    async with (
+        guard("rate: {anonymous: {tokens_per_minute: 200000}}") as g,
+        httpx.AsyncClient(base_url=g.url) as client,
+    ):
         with caplog.at_level(logging.INFO, logger="schedguard.access"):
             body = {**CHAT, "stream": True, "max_tokens": 1000}
             headers = {"x-fake": "endless", "x-fake-interval": "0.01"}

@@ -95,7 +95,7 @@ def test_limit_objects_read_by_the_guard() -> None:
     assert p.limits.json_.max_depth == 10
     assert p.limits.guided == GuidedLimits()
     assert p.limits.templates.chat_template.deadline_s == 0.25
-    assert p.rate.slot_limits == ConcurrencyLimits(16, 256)
+    assert p.rate.slot_limits == ConcurrencyLimits(64, 256)
 
 
 # -- YAML ---------------------------------------------------------------------------------------
@@ -305,7 +305,34 @@ def test_rate_overrides_inherit_what_they_leave_out() -> None:
     assert p.rate_for(b).tokens_per_minute is None  # explicitly unlimited
     assert p.rate_for(b).burst == 7  # burst cannot be unlimited: null inherits
     assert p.rate_for(c) == p.rate
-    assert p.rate_for(None) == p.rate
+    # The anonymous tenant (no key) has rate.anonymous's limits: unlimited by default.
+    assert p.rate_for(None).requests_per_minute is None
+    assert p.rate_for(None).tokens_per_minute is None
+
+
+def test_the_default_policy_does_not_throttle_one_anonymous_client() -> None:
+    """Issue 14 item 6: without keys, no request or token rate, and the global concurrency."""
+    p = default_policy()
+    anonymous = p.rate_for(None)
+    assert anonymous.requests_per_minute is None and anonymous.tokens_per_minute is None
+    assert anonymous.per_key_concurrency == p.rate.global_concurrency == 256
+    # Keys keep per-tenant rates by default.
+    keyed = policy_from_yaml("keys: [{key: key-aaaaaaaa, tenant: a}]")
+    assert keyed.rate_for(keyed.keys[0]).requests_per_minute == 600
+    assert keyed.rate_for(keyed.keys[0]).per_key_concurrency == 64
+
+
+def test_anonymous_limits_apply_when_the_policy_asks() -> None:
+    p = policy_from_yaml(
+        "rate: {burst: 9, global_concurrency: 100, anonymous: {requests_per_minute: 60, "
+        "tokens_per_minute: 1000}}"
+    )
+    anonymous = p.rate_for(None)
+    assert (anonymous.requests_per_minute, anonymous.tokens_per_minute) == (60, 1000)
+    assert anonymous.burst == 9 and anonymous.per_key_concurrency == 100
+    capped = policy_from_yaml("rate: {anonymous: {concurrency: 8, burst: 2}}").rate_for(None)
+    assert capped.per_key_concurrency == 8 and capped.burst == 2
+    assert capped.slot_limits.max_concurrent == 8
 
 
 # -- show ---------------------------------------------------------------------------------------
