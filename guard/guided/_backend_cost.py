@@ -24,10 +24,11 @@ never knowingly under-estimate a measured family.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -45,9 +46,11 @@ from guard.guided._regex_ast import (
     multibyte,
     parse_regex,
 )
+from guard.guided._schema_facts import Memo, count_of, facts_of
 
 __all__ = [
     "Estimate",
+    "clear_caches",
     "guidance_cost",
     "outlines_cost",
     "trie_size",
@@ -394,12 +397,20 @@ def _outlines_price(shape: _Shape, vocab: int, *, schema: bool) -> tuple[float, 
     return t, mem / (1 << 20)
 
 
-def _outlines_regex(pattern: str, vocab: int) -> Estimate:
+@functools.lru_cache(maxsize=512)
+def _shape_of(pattern: str) -> _Shape | str:
+    """The outlines shape of a regex, or why it cannot be priced. Cached by pattern: the value
+    is a few numbers (the tree is not kept)."""
     try:
-        root = parse_regex(pattern)
+        return _regex_shape(parse_regex(pattern))
     except Unpriceable as exc:
-        return Estimate(_INF, _INF, 0.0, [f"a regex the estimate cannot price ({exc})"])
-    shape = _regex_shape(root)
+        return str(exc)
+
+
+def _outlines_regex(pattern: str, vocab: int) -> Estimate:
+    shape = _shape_of(pattern)
+    if isinstance(shape, str):
+        return Estimate(_INF, _INF, 0.0, [f"a regex the estimate cannot price ({shape})"])
     t, mem = _outlines_price(shape, vocab, schema=False)
     why = [shape.why] if shape.why else [f"{shape.narrow + shape.broad:.0f} automaton positions"]
     return Estimate(t, mem, 0.0, why)
@@ -492,10 +503,9 @@ class _SchemaSizer:
             return _PER_STRING_COUNT * max(hi or 0, lo or 0) + _STRING_POS
         pattern = s.get("pattern")
         if isinstance(pattern, str):
-            try:
-                shape = _regex_shape(parse_regex(pattern))
-            except Unpriceable:
-                raise _OutlinesRejects from None
+            shape = _shape_of(pattern)
+            if isinstance(shape, str):
+                raise _OutlinesRejects
             self.exp_u += shape.exp_u
             self.exp_a += shape.exp_a
             if shape.exp_u > 0 and not self.why:
@@ -530,10 +540,7 @@ def trie_size(words: Iterable[str]) -> int:
     return nodes
 
 
-def _count(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return max(0, int(min(value, 1e12)))
+_count = count_of
 
 
 def _resolve(root: Any, ref: str) -> Any:
@@ -553,13 +560,13 @@ def _resolve(root: Any, ref: str) -> Any:
     return node
 
 
-def _outlines_schema(schema: Any, vocab: int) -> Estimate:
+def _outlines_schema(schema: Any, vocab: int, facts: Memo | None) -> Estimate:
     if schema is True or schema == {}:
         schema = {}
     if not isinstance(schema, Mapping):
         return Estimate(accepted=False)
-    if any(k in n for n in _schema_nodes(schema) for k in ("not", "if")):
-        return Estimate(accepted=False)  # outlines-core refuses these (vLLM: 400)
+    if facts_of(schema, facts).not_if:
+        return Estimate(accepted=False)  # outlines-core refuses "not" and "if" (vLLM: 400)
     sizer = _SchemaSizer(schema)
     try:
         pos = sizer.size(schema, True, 0)
@@ -571,13 +578,13 @@ def _outlines_schema(schema: Any, vocab: int) -> Estimate:
     return Estimate(t, mem, 0.0, why)
 
 
-def outlines_cost(kind: str, spec: Any, vocab: int) -> Estimate:
+def outlines_cost(kind: str, spec: Any, vocab: int, facts: Memo | None = None) -> Estimate:
     """outlines-core's index build for ``kind`` in ``regex``, ``json``, ``choice`` (it refuses
     grammars, ``json_object`` and structural tags)."""
     if kind == "regex" and isinstance(spec, str):
         return _outlines_regex(spec, vocab)
     if kind == "json":
-        return _outlines_schema(spec, vocab)
+        return _outlines_schema(spec, vocab, facts)
     if kind == "choice" and isinstance(spec, list):
         chars = trie_size(c for c in spec if isinstance(c, str)) + 2
         t = _O_FIXED_S + vocab * chars * _O_C_REGEX
@@ -669,66 +676,64 @@ def _wide_cost(count: int, vocab: int) -> float:
     return vocab * (_X_WIDE_100 * min(count, 100) + _X_WIDE_OVER * max(0, min(count, 2000) - 100))
 
 
-def _xgr_regex(pattern: str, vocab: int, est: Estimate) -> None:
+_COUNTS = re.compile(r"\{(\d{1,12})(?:,(\d{0,12}))?\}")
+
+
+@functools.lru_cache(maxsize=512)
+def _xgr_terms_of(pattern: str) -> tuple[tuple[int, ...], float, float, bool]:
+    """xgrammar's terms of a regex: the counts of bounded repetitions of wide classes, the
+    ambiguity degrees (wide, narrow), and whether it was priced from its tree (else every
+    ``{m,n}`` is counted as wide). Cached by pattern."""
     try:
         root = parse_regex(pattern)
     except Unpriceable:
         # Priced as if every {m,n} were over a wide class (xgrammar has no look-around: such
         # a regex goes elsewhere or is refused).
-        for m in re.finditer(r"\{(\d{1,12})(?:,(\d{0,12}))?\}", pattern):
-            count = int(m.group(2) or m.group(1))
-            est.compile_s += _wide_cost(count, vocab)
-        return
+        counts = tuple(int(m.group(2) or m.group(1)) for m in _COUNTS.finditer(pattern))
+        return counts, 1.0, 1.0, False
     acc = _XTerms()
     _xgr_terms(root, acc, 1.0)
-    for count in acc.wide:
+    return tuple(acc.wide), acc.amb_wide, acc.amb_narrow, True
+
+
+def _xgr_regex(pattern: str, vocab: int, est: Estimate) -> None:
+    wide, amb_wide, amb_narrow, priced = _xgr_terms_of(pattern)
+    if not priced:
+        for count in wide:
+            est.compile_s += _wide_cost(count, vocab)
+        return
+    for count in wide:
         est.compile_s += _wide_cost(count, vocab)
         if count >= 100:
             est.why.append(f"a bounded repetition of a wide class ({count})")
     scale = vocab / _REF_VOCAB
-    if acc.amb_wide > 1:
-        est.mask_s = max(est.mask_s, _X_AMB_WIDE * acc.amb_wide**3 * scale)
-        est.why.append(f"nested ambiguous repetition (degree {acc.amb_wide:.0f}), paid per token")
-    if acc.amb_narrow > 1:
-        est.mask_s = max(est.mask_s, _X_AMB_NARROW * acc.amb_narrow**3 * scale)
+    if amb_wide > 1:
+        est.mask_s = max(est.mask_s, _X_AMB_WIDE * amb_wide**3 * scale)
+        est.why.append(f"nested ambiguous repetition (degree {amb_wide:.0f}), paid per token")
+    if amb_narrow > 1:
+        est.mask_s = max(est.mask_s, _X_AMB_NARROW * amb_narrow**3 * scale)
 
 
-def _schema_nodes(schema: Any) -> Iterator[Mapping[str, Any]]:
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Mapping):
-            yield node
-            stack.extend(node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend(node)
-
-
-def xgrammar_cost(kind: str, spec: Any, vocab: int) -> Estimate:
+def xgrammar_cost(kind: str, spec: Any, vocab: int, facts: Memo | None = None) -> Estimate:
     est = Estimate(_X_FIXED_S)
     scale = vocab / _REF_VOCAB
     if kind == "regex" and isinstance(spec, str):
         _xgr_regex(spec, vocab, est)
     elif kind == "json":
-        for node in _schema_nodes(spec):
-            for key, weight in (("maxLength", 1.0), ("minLength", 0.35)):
-                count = _count(node.get(key))
-                if count is not None and count >= 2:
-                    est.compile_s += _wide_cost(count, vocab) * weight
-                    if count >= 100:
-                        est.why.append(f"a string {key} of {count}")
-            pattern = node.get("pattern")
-            if isinstance(pattern, str):
-                _xgr_regex(pattern, vocab, est)
-            enum = node.get("enum")
-            if isinstance(enum, list):
-                est.compile_s += _X_ENUM * len(enum) ** 2 * scale
-            props = node.get("properties")
-            if isinstance(props, Mapping):
-                required = node.get("required")
-                req = set(required) if isinstance(required, list) else set()
-                optional = sum(1 for k in props if k not in req)
-                est.compile_s += _X_PROPS * optional**2
+        # each object's terms, objects in pre-order, children right to left
+        for term in facts_of(spec, facts).xgr:
+            tag = term[0]
+            if tag == "L":
+                _, count, weight, key = term
+                est.compile_s += _wide_cost(count, vocab) * weight
+                if count >= 100:
+                    est.why.append(f"a string {key} of {count}")
+            elif tag == "P":
+                _xgr_regex(term[1], vocab, est)
+            elif tag == "E":
+                est.compile_s += _X_ENUM * term[1] ** 2 * scale
+            else:  # "O": optional properties
+                est.compile_s += _X_PROPS * term[1] ** 2
     elif kind == "choice" and isinstance(spec, list):
         est.compile_s += _X_CHOICE * len(spec) ** 2 * scale
     elif kind == "grammar" and isinstance(spec, str):
@@ -752,18 +757,15 @@ def count_rules(grammar: str) -> int:
     return len(_RULE.findall(grammar))
 
 
-def guidance_cost(kind: str, spec: Any, vocab: int) -> Estimate:
+def guidance_cost(kind: str, spec: Any, vocab: int, facts: Memo | None = None) -> Estimate:
     est = Estimate(_G_FIXED_S)
     if kind == "grammar" and isinstance(spec, str):
         rules = count_rules(spec)
         est.compile_s += (_G_GBNF if "::=" in spec else _G_LARK) * rules**2
     elif kind == "json":
-        for node in _schema_nodes(spec):
-            for key in ("minItems", "maxItems"):
-                count = _count(node.get(key))
-                if count:
-                    est.compile_s += _G_ITEMS * count
-                    est.mem_mb += _G_ITEMS_MB * count
+        for count in facts_of(spec, facts).g_items:
+            est.compile_s += _G_ITEMS * count
+            est.mem_mb += _G_ITEMS_MB * count
     elif kind == "choice" and isinstance(spec, list):
         est.compile_s += _G_CHOICE * len(spec)
     if kind in ("regex", "grammar") and isinstance(spec, str):
@@ -773,3 +775,13 @@ def guidance_cost(kind: str, spec: Any, vocab: int) -> Estimate:
                 est.compile_s += _G_COUNT * count
                 est.mask_s = max(est.mask_s, min(0.2, 1.2e-6 * count))
     return est
+
+
+def clear_caches() -> None:
+    """Forget every cached per-pattern result (benchmarks measure cold checks)."""
+    from guard.guided._regex_syntax import guidance_rejects_regex, xgrammar_rejects_regex
+
+    _shape_of.cache_clear()
+    _xgr_terms_of.cache_clear()
+    xgrammar_rejects_regex.cache_clear()
+    guidance_rejects_regex.cache_clear()

@@ -27,13 +27,14 @@ Refusals: ``guided_backend_cost_exceeded`` (HTTP 400), the backend named first i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 from guard.errors import LimitExceeded
 from guard.guided._backend_cost import Estimate, guidance_cost, outlines_cost, xgrammar_cost
 from guard.guided._limits import GuidedLimits
+from guard.guided._regex_syntax import guidance_rejects_regex, xgrammar_rejects_regex
+from guard.guided._schema_facts import Memo, facts_of
 
 __all__ = [
     "BACKEND_COST_CODE",
@@ -41,205 +42,32 @@ __all__ = [
     "check_constraint",
     "constraints",
     "fmt_path",
+    "guidance_rejects_regex",
     "reachable_backends",
     "route_auto",
+    "xgrammar_rejects_regex",
 ]
 
 BACKEND_COST_CODE = "guided_backend_cost_exceeded"
 _ESTIMATORS = {"outlines": outlines_cost, "xgrammar": xgrammar_cost, "guidance": guidance_cost}
 
-# ---- vLLM 0.32's routing helpers (request-only), from backend_xgrammar.py / backend_guidance.py
-
-_STRING_FORMATS = frozenset(
-    {
-        "email",
-        "date",
-        "time",
-        "date-time",
-        "duration",
-        "ipv4",
-        "ipv6",
-        "hostname",
-        "uuid",
-        "uri",
-        "uri-reference",
-        "uri-template",
-        "json-pointer",
-        "relative-json-pointer",
-    }
-)
+# ---- vLLM 0.32's routing helpers (request-only): guard/guided/_schema_facts.py (schemas) and
+# guard/guided/_regex_syntax.py (regexes)
 
 
-def _types(node: Mapping[str, Any]) -> set[str]:
-    t = node.get("type")
-    if isinstance(t, str):
-        return {t}
-    if isinstance(t, list):
-        return {x for x in t if isinstance(x, str)}
-    return set()
-
-
-def _pattern_and_length(node: Mapping[str, Any]) -> bool:
-    return ("pattern" in node or "format" in node) and ("minLength" in node or "maxLength" in node)
-
-
-def _nodes(schema: Any) -> Iterator[Mapping[str, Any]]:
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Mapping):
-            yield node
-            stack.extend(node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend(node)
-
-
-def _xgrammar_unsupported_node(node: Mapping[str, Any]) -> bool:
-    """vLLM's ``has_xgrammar_unsupported_json_features`` for one node, plus what xgrammar's
-    ``Grammar.from_json_schema`` itself raises on (measured)."""
-    types = _types(node)
-    if types & {"integer", "number"} and "multipleOf" in node:
-        return True
-    if "array" in types and any(
-        k in node for k in ("uniqueItems", "contains", "minContains", "maxContains")
-    ):
-        return True
-    if "string" in types:
-        fmt = node.get("format")
-        if "format" in node and fmt not in _STRING_FORMATS:
-            return True
-        if _pattern_and_length(node):
-            return True
-    if "object" in types:
-        if "propertyNames" in node:
-            names = node.get("propertyNames")
-            if isinstance(names, Mapping) and _pattern_and_length(names):
-                return True
-            if "patternProperties" in node or "properties" in node:
-                return True
-            if node.get("unevaluatedProperties", True) is not True:
-                return True
-        pp = node.get("patternProperties")
-        if isinstance(pp, Mapping) and ("properties" in node or len(pp) > 1):
-            return True
-    all_of = node.get("allOf")
-    if isinstance(all_of, list) and len(all_of) >= 2:
-        return True
-    pattern = node.get("pattern")
-    if isinstance(pattern, str) and xgrammar_rejects_regex(pattern):
-        return True
-    props = node.get("properties")
-    min_props = node.get("minProperties")
-    if (
-        isinstance(min_props, int)
-        and not isinstance(min_props, bool)
-        and min_props > (len(props) if isinstance(props, Mapping) else 0)
-        and node.get("additionalProperties", False) is False
-    ):
-        return True
-    ref = node.get("$ref")
-    return isinstance(ref, str) and not ref.startswith("#")
-
-
-_GUIDANCE_UNIMPLEMENTED = (
-    "uniqueItems",
-    "contains",
-    "minContains",
-    "maxContains",
-    "propertyNames",
-    "not",
-    "if",
-    "then",
-    "else",
-    "dependentRequired",
-    "dependentSchemas",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-)
-
-
-def _guidance_rejects_node(node: Mapping[str, Any]) -> bool:
-    if any(k in node for k in _GUIDANCE_UNIMPLEMENTED):
-        return True
-    pattern = node.get("pattern")
-    if isinstance(pattern, str) and guidance_rejects_regex(pattern):
-        return True
-    ref = node.get("$ref")
-    if isinstance(ref, str) and not ref.startswith("#"):
-        return True
-    return node.get("format") == "regex"
-
-
-# Regex syntax xgrammar 0.2.8's converter rejects (probed): look-around, atomic groups,
-# (?P<, comments, inline flags, back-references, octal, \b \B \p \P, possessive, {,n}.
-_XGR_REGEX_REJECT = re.compile(
-    r"\(\?[=!]|\(\?<[=!]|\(\?>|\(\?P|\(\?#|\(\?[a-zA-Z-]+[:)]"
-    r"|\\[1-9]|\\0[0-7]|\\[bBpP]|[*+?}]\+|\{,"
-)
-# ... and what llguidance's (Rust regex-syntax) rejects; then vLLM answers 400.
-_LLG_REGEX_REJECT = re.compile(
-    r"\(\?[=!]|\(\?<[=!]|\(\?>|\(\?#|\\[1-9]|\\0[0-7]|\\[bB]|\\Z|\\Q|\{,"
-)
-_BRACE_OK = re.compile(r"\{\d+(,\d*)?\}")
-
-
-def _outside_classes(rx: str) -> Iterator[tuple[int, str, str]]:
-    """(index, char, previous char) of the characters outside ``[...]`` and escapes."""
-    i, depth, prev, n = 0, 0, "", len(rx)
-    while i < n:
-        c = rx[i]
-        if c == "\\":
-            if depth == 0 and rx.startswith("{", i + 2) and i + 1 < n and rx[i + 1] in "pP":
-                j = rx.find("}", i)  # \p{L}: the braces are the class name
-                i = j + 1 if j > 0 else n
-            else:
-                i += 2
-            prev = "\\"
-            continue
-        if c == "[":
-            depth += 1
-            if i + 1 < n and rx[i + 1] == "]":
-                i += 1
-        elif c == "]" and depth:
-            depth -= 1
-            prev = "]"
-            i += 1
-            continue
-        elif depth == 0:
-            yield i, c, prev
-            prev = c
-        i += 1
-
-
-def _bad_brace(rx: str) -> bool:
-    return any(c == "{" and not _BRACE_OK.match(rx, i) for i, c, _ in _outside_classes(rx))
-
-
-def xgrammar_rejects_regex(rx: str) -> bool:
-    r = rx.replace("\\\\", "")
-    return bool(_XGR_REGEX_REJECT.search(r)) or _bad_brace(r)
-
-
-def guidance_rejects_regex(rx: str) -> bool:
-    r = rx.replace("\\\\", "")
-    if _LLG_REGEX_REJECT.search(r) or _bad_brace(r):
-        return True
-    # a mid-pattern ^ is read as a look-around
-    return any(c == "^" and i > 0 and prev not in "(|:" for i, c, prev in _outside_classes(r))
-
-
-def route_auto(kind: str, spec: Any) -> str:
+def route_auto(kind: str, spec: Any, facts: Memo | None = None) -> str:
     """The backend vLLM 0.32's ``auto`` picks for one constraint (non-Mistral tokenizer):
-    ``xgrammar``, ``guidance``, ``outlines``, or ``reject`` (a 400 from vLLM)."""
+    ``xgrammar``, ``guidance``, ``outlines``, or ``reject`` (a 400 from vLLM). ``facts``:
+    schema facts already gathered (see :func:`guard.guided._schema_facts.facts_of`)."""
     if kind == "json":
         if not isinstance(spec, Mapping):
             return "xgrammar" if spec is True else "reject"
-        nodes = list(_nodes(spec))
-        if not any(_xgrammar_unsupported_node(n) for n in nodes):
+        f = facts_of(spec, facts)
+        if not f.xgr_unsupported:
             return "xgrammar"
-        if any("patternProperties" in n for n in nodes):
+        if f.pattern_properties:
             return "outlines"
-        if any(_guidance_rejects_node(n) for n in nodes):
+        if f.guidance_rejects:
             return "reject"
         return "guidance"
     if kind == "regex":
@@ -251,13 +79,15 @@ def route_auto(kind: str, spec: Any) -> str:
     return "xgrammar"  # grammar, choice, structural_tag, json_object: guidance only as fallback
 
 
-def reachable_backends(kind: str, spec: Any, limits: GuidedLimits) -> tuple[list[str], bool]:
+def reachable_backends(
+    kind: str, spec: Any, limits: GuidedLimits, facts: Memo | None = None
+) -> tuple[list[str], bool]:
     """The backends that may compile this constraint under the policy, and whether it is
     routed to outlines by ``auto``'s fallback (see the module docstring)."""
     named: list[str] = list(dict.fromkeys(limits.backends))
     if len(named) == 1:
         return named, False
-    route = route_auto(kind, spec) if "outlines" in named else ""
+    route = route_auto(kind, spec, facts) if "outlines" in named else ""
     reach: list[str] = [b for b in named if b != "outlines"]
     if route == "outlines":
         reach.append("outlines")
@@ -394,9 +224,19 @@ def _over(est: Estimate, limits: GuidedLimits) -> str | None:
 
 
 def check_constraint(
-    kind: str, spec: Any, path: tuple[str | int, ...], limits: GuidedLimits
+    kind: str,
+    spec: Any,
+    path: tuple[str | int, ...],
+    limits: GuidedLimits,
+    facts: Memo | None = None,
 ) -> None:
-    reach, to_outlines = reachable_backends(kind, spec, limits)
+    """Refuse one constraint over a reachable backend's budget. ``facts``: schema facts the
+    check gathered (a schema's objects are then not walked again)."""
+    if kind == "json" and isinstance(spec, Mapping):
+        # one walk for the route and every estimate (the tools' parameters reused)
+        got = facts_of(spec, facts)
+        facts = {id(spec): (spec, got)}
+    reach, to_outlines = reachable_backends(kind, spec, limits, facts)
     if to_outlines and limits.outlines_fallback == "refuse":
         _refuse(
             "outlines",
@@ -406,7 +246,7 @@ def check_constraint(
             path,
         )
     for backend in reach:
-        est = _ESTIMATORS[backend](kind, spec, limits.vocab_size)
+        est = _ESTIMATORS[backend](kind, spec, limits.vocab_size, facts)
         if not est.accepted:
             continue
         over = _over(est, limits)

@@ -45,6 +45,14 @@ from guard.guided._grammar_scan import scan_gbnf, scan_nesting
 from guard.guided._limits import GuidedLimits
 from guard.guided._re2 import re2_program_size
 from guard.guided._regex_scan import UNSAFE, scan_regex
+from guard.guided._schema_facts import (
+    BOUND_SKIP,
+    FACT_KEYS,
+    Memo,
+    SchemaFacts,
+    add_node,
+    bound_here,
+)
 
 __all__ = ["check_guided_decoding"]
 
@@ -84,8 +92,9 @@ def _invalid(code: str, message: str, path: _Path) -> NoReturn:
 class _Ctx:
     """Per-request counters shared by every constraint in the body."""
 
-    def __init__(self, limits: GuidedLimits) -> None:
+    def __init__(self, limits: GuidedLimits, facts: Memo | None = None) -> None:
         self.limits = limits
+        self.facts = facts  # schema facts gathered on the way, for the backend checks
         self.regexes = 0
         self.regex_chars = 0
         self.regex_program = 0
@@ -94,6 +103,28 @@ class _Ctx:
         self.schema_nodes = 0
         self.schema_chars = 0
         self.refs = 0
+
+    # The counters, to undo a fast walk that gave up. ``regex_sizes`` is not saved: what a
+    # fast walk adds to it is what the exact walk would find (a pattern's size).
+    def snapshot(self) -> tuple[int, ...]:
+        return (
+            self.regexes,
+            self.regex_chars,
+            self.regex_program,
+            self.schema_nodes,
+            self.schema_chars,
+            self.refs,
+        )
+
+    def restore(self, saved: tuple[int, ...]) -> None:
+        (
+            self.regexes,
+            self.regex_chars,
+            self.regex_program,
+            self.schema_nodes,
+            self.schema_chars,
+            self.refs,
+        ) = saved
 
     # The path is built only when a limit is crossed: walks call these once per node.
     def nodes_over(self, n: int) -> bool:
@@ -593,6 +624,234 @@ class _SchemaWalk:
         return size[0], span[0]
 
 
+# Roles of a schema object's keywords in the fast walk (the exact walk's _schema, as a table).
+_K_PATTERN, _K_REF, _K_ENUM, _K_LENGTH, _K_COUNT, _K_NUMBER, _K_ITEMS = range(10, 17)
+_KEY_ROLE: dict[str, int] = {
+    "pattern": _K_PATTERN,
+    "patternProperties": _PATTERN_MAP,
+    "dependencies": _DEPS,
+    "items": _K_ITEMS,
+    "enum": _K_ENUM,
+    **{k: _MAP for k in _MAP_KEYWORDS},
+    **{k: _LIST for k in _LIST_KEYWORDS},
+    **{k: _SCHEMA for k in _SCHEMA_KEYWORDS},
+    **{k: _K_REF for k in _REF_KEYWORDS},
+    **{k: _K_LENGTH for k in _LENGTH_KEYWORDS},
+    **{k: _K_COUNT for k in _COUNT_KEYWORDS},
+    **{k: _K_NUMBER for k in _NUMBER_KEYWORDS},
+}
+
+
+def _bound_ok(value: Any, cap: int) -> bool:
+    t = type(value)
+    if t is int:
+        return bool(0 <= value <= cap)
+    if t is float:
+        return bool(math.isfinite(value) and value == int(value) and 0 <= value <= cap)
+    return False
+
+
+def _number_ok(value: Any, key: str, limit: float) -> bool:
+    t = type(value)
+    if t is bool:
+        return key in ("exclusiveMinimum", "exclusiveMaximum")
+    if t is not int and not (t is float and math.isfinite(value)):
+        return False
+    return abs(value) <= limit and not (key == "multipleOf" and value <= 0)
+
+
+def _fast_schema(ctx: _Ctx, root: Mapping[str, Any], path: _Path) -> SchemaFacts | None:
+    """The schema check of a plain JSON schema (dicts, lists and scalars) in one walk that also
+    gathers its :class:`~guard.guided._schema_facts.SchemaFacts`; None at the first sign of a
+    problem (then nothing it counted stands: the caller restores the counters and runs the
+    exact walk, which reports the first problem in document order).
+
+    Same counts as :class:`_SchemaWalk` (every value is a node, every key and string counts
+    its characters), but scalars are counted where their container is read instead of being
+    pushed, and objects are visited children last-first (the order the cost estimates add
+    up their terms); a schema that passes gets the same counters either way."""
+    if type(root) is not dict:
+        return None
+    limits = ctx.limits
+    max_nodes = limits.max_schema_nodes
+    max_chars = limits.max_schema_chars
+    max_depth = limits.max_schema_depth
+    max_enum = limits.max_schema_enum
+    length_cap = limits.max_schema_length_bound
+    items_cap = limits.max_schema_items_bound
+    number_cap = limits.max_schema_number
+    walk = _SchemaWalk(ctx, root, path)
+    parent, label, depths, counts = walk.parent, walk.label, walk.depth, walk.count
+    schema_index, refs, patterns = walk.schema_index, walk.refs, walk.patterns
+    facts = SchemaFacts()
+    best = 1
+    bound_ref = False
+    nodes = ctx.schema_nodes
+    chars = ctx.schema_chars
+    # (value, parent index, label, depth, role, nested-bound product above it; 0: outside)
+    stack: list[tuple[Any, int, str | int, int, int, int]] = [(root, -1, "", 1, _SCHEMA, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, par, lab, depth, role, product = pop()
+        nodes += 1
+        idx = len(parent)
+        parent.append(par)
+        label.append(lab)
+        depths.append(depth)
+        if depth > max_depth or nodes + len(stack) + len(node) > max_nodes:
+            return None
+        cnt = 1
+        child_depth = depth + 1
+        if type(node) is dict:
+            here = product
+            if not FACT_KEYS.isdisjoint(node):
+                add_node(node, facts)
+                if product:
+                    if type(node.get("$ref")) is str:
+                        bound_ref = True
+                    here = bound_here(node, product)
+                    if here > best:
+                        best = here
+            if role == _SCHEMA:
+                schema_index[id(node)] = idx
+                for key, value in node.items():
+                    if type(key) is not str:
+                        return None
+                    chars += len(key)
+                    child_role = _KEY_ROLE.get(key, _DATA)
+                    if child_role >= _K_PATTERN:
+                        if child_role == _K_ITEMS:
+                            child_role = _LIST if type(value) is list else _SCHEMA
+                        elif child_role == _K_PATTERN:
+                            if type(value) is not str:
+                                return None
+                            patterns.append((idx, key, value))
+                            child_role = _DATA
+                        elif child_role == _K_REF:
+                            if type(value) is not str:
+                                return None
+                            refs.append((idx, value, key))
+                            child_role = _DATA
+                        elif child_role == _K_ENUM:
+                            if type(value) is not list or len(value) > max_enum:
+                                return None
+                            child_role = _DATA
+                        elif child_role == _K_LENGTH:
+                            if not _bound_ok(value, length_cap):
+                                return None
+                            child_role = _DATA
+                        elif child_role == _K_COUNT:
+                            if not _bound_ok(value, items_cap):
+                                return None
+                            child_role = _DATA
+                        else:  # _K_NUMBER
+                            if not _number_ok(value, key, number_cap):
+                                return None
+                            child_role = _DATA
+                    t = type(value)
+                    if t is dict or t is list:
+                        push(
+                            (
+                                value,
+                                idx,
+                                key,
+                                child_depth,
+                                child_role,
+                                0 if key in BOUND_SKIP else here,
+                            )
+                        )
+                        continue
+                    cnt += 1
+                    if child_role == _DATA:
+                        if t is str:
+                            chars += len(value)
+                        elif (
+                            t is not bool and t is not int and t is not float and value is not None
+                        ):
+                            return None  # not a JSON value
+                    elif child_role != _SCHEMA or t is not bool:
+                        return None  # a scalar where a schema or a container must be
+            elif role == _DATA:
+                for key, value in node.items():
+                    if type(key) is not str:
+                        return None
+                    chars += len(key)
+                    t = type(value)
+                    if t is dict or t is list:
+                        push(
+                            (value, idx, key, child_depth, _DATA, 0 if key in BOUND_SKIP else here)
+                        )
+                    else:
+                        cnt += 1
+                        if t is str:
+                            chars += len(value)
+                        elif (
+                            t is not bool and t is not int and t is not float and value is not None
+                        ):
+                            return None
+            elif role == _LIST:
+                return None
+            else:  # _MAP, _PATTERN_MAP, _DEPS: objects whose values are schemas
+                for key, value in node.items():
+                    if type(key) is not str:
+                        return None
+                    chars += len(key)
+                    if role == _PATTERN_MAP:
+                        patterns.append((idx, key, key))
+                    t = type(value)
+                    if t is dict:
+                        child_role = _SCHEMA
+                    elif t is list:
+                        if role != _DEPS:
+                            return None  # the exact walk: "a schema must be an object"
+                        child_role = _DATA
+                    elif t is bool:
+                        cnt += 1
+                        continue
+                    else:
+                        return None
+                    push(
+                        (value, idx, key, child_depth, child_role, 0 if key in BOUND_SKIP else here)
+                    )
+        elif type(node) is list:
+            if role != _DATA and role != _LIST:
+                return None
+            child_role = _SCHEMA if role == _LIST else _DATA
+            for i, value in enumerate(node):
+                t = type(value)
+                if t is dict or t is list:
+                    push((value, idx, i, child_depth, child_role, product))
+                    continue
+                cnt += 1
+                if t is str:
+                    chars += len(value)
+                    if child_role == _SCHEMA:
+                        return None
+                elif child_role == _SCHEMA:
+                    if t is not bool:
+                        return None
+                elif t is not bool and t is not int and t is not float and value is not None:
+                    return None
+        else:
+            return None
+        nodes += cnt - 1
+        counts.append(cnt)
+        if chars > max_chars:
+            return None
+    if nodes > max_nodes:
+        return None
+    ctx.schema_nodes = nodes
+    ctx.schema_chars = chars
+    if refs:
+        if limits.allow_recursive_refs:
+            return None  # which recursive $ref counts once depends on the exact walk's order
+        walk._expand_refs()
+    for _, _, pattern in patterns:
+        _check_regex(ctx, pattern, path)
+    facts.bound = None if bound_ref else best
+    return facts
+
+
 def _check_schema(ctx: _Ctx, value: Any, path: _Path) -> None:
     if value is None:
         return
@@ -607,7 +866,17 @@ def _check_schema(ctx: _Ctx, value: Any, path: _Path) -> None:
         if ctx.nodes_over(1):
             ctx.too_many_nodes(path)
         return
-    _SchemaWalk(ctx, value, path).run()
+    saved = ctx.snapshot()
+    try:
+        facts = _fast_schema(ctx, value, path)
+    except GuardError:
+        facts = None
+    if facts is None:
+        # Something is wrong (or unusual): the exact walk finds the first problem in order.
+        ctx.restore(saved)
+        _SchemaWalk(ctx, value, path).run()
+    elif ctx.facts is not None:
+        ctx.facts[id(value)] = (value, facts)
 
 
 # ---- grammars ----------------------------------------------------------------------------------
@@ -712,7 +981,9 @@ def _get(obj: Any, key: str) -> Any:
     return obj.get(key) if isinstance(obj, Mapping) else None
 
 
-def check_guided_decoding(body: Mapping[str, Any], limits: GuidedLimits) -> None:
+def check_guided_decoding(
+    body: Mapping[str, Any], limits: GuidedLimits, facts: Memo | None = None
+) -> None:
     """Refuse unsafe guided-decoding constraints in an OpenAI / vLLM / SGLang / llama.cpp / TGI
     request body; return None when every constraint is within ``limits``.
 
@@ -720,8 +991,10 @@ def check_guided_decoding(body: Mapping[str, Any], limits: GuidedLimits) -> None
     ``*_too_deep``, ``*_unsafe``) or :class:`~guard.errors.GuardError` (``*_invalid``).
     Constraints are checked in a fixed order (choices, grammars, regexes, schemas, tools,
     structural tags), so a body crossing several limits always gets the same refusal.
+    ``facts``, when given, receives the :class:`~guard.guided._schema_facts.SchemaFacts` of
+    the schemas walked (by ``id``).
     """
-    ctx = _Ctx(limits)
+    ctx = _Ctx(limits, facts)
     so = _get(body, "structured_outputs")
     for value, path in (
         (body.get("guided_choice"), ("guided_choice",)),

@@ -20,6 +20,7 @@ from guard.guided._backends import check_constraint, constraints, fmt_path
 from guard.guided._check import check_guided_decoding
 from guard.guided._limits import GuidedLimits
 from guard.guided._schema_bounds import largest_bound_product
+from guard.guided._schema_facts import Memo, facts_of
 
 __all__ = ["check_structured_outputs"]
 
@@ -72,11 +73,17 @@ def _schemas(
 def check_structured_outputs(body: Mapping[str, Any], limits: GuidedLimits) -> None:
     """Refuse unsafe guided-decoding constraints (every ``guided_*`` code); None when all are
     within ``limits``."""
-    check_guided_decoding(body, limits)
+    # The check gathers every schema's facts as it walks it; the bound product, the routing
+    # and the cost estimates read them instead of walking the schemas again.
+    facts: Memo = {}
+    check_guided_decoding(body, limits, facts)
     _custom_tool_grammars(body, limits)
     found = list(constraints(body))
     for spec, path in _schemas(body, found):
-        product = largest_bound_product(spec, 4 * limits.max_schema_nodes)
+        bound = facts_of(spec, facts).bound if isinstance(spec, Mapping) else 1
+        if bound is None:  # a $ref to follow
+            bound = largest_bound_product(spec, 4 * limits.max_schema_nodes)
+        product = bound
         if product > limits.max_schema_bound_product:
             raise LimitExceeded(
                 "guided_schema_too_large",
@@ -86,4 +93,4 @@ def check_structured_outputs(body: Mapping[str, Any], limits: GuidedLimits) -> N
             )
     if limits.backends:
         for kind, spec, path in found:
-            check_constraint(kind, spec, path, limits)
+            check_constraint(kind, spec, path, limits, facts)
