@@ -46,6 +46,7 @@ from guard.admission import (
     RedisRateLimiter,
     make_rate_limiter,
 )
+from guard.context_window import ContextWindow
 from guard.errors import (
     ClientDisconnected,
     GuardError,
@@ -147,9 +148,11 @@ def _new_app(gateway: Gateway) -> _GuardApp:
     this worker out of the metrics' live gauges and closes the upstream pool and the rate
     limiter."""
     upstream, limiter, metrics = gateway.upstream, gateway.limiter, gateway.metrics
+    context = ContextWindow(gateway, upstream)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await context.start()  # the upstream's max_model_len, when it reports one
         tasks: list[asyncio.Task[None]] = []
         if isinstance(limiter, RedisRateLimiter):
             tasks.append(asyncio.create_task(limiter.watch(), name="schedguard-redis-watch"))
@@ -163,6 +166,7 @@ def _new_app(gateway: Gateway) -> _GuardApp:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            await context.stop()
             gateway.access_log.flush()
             metrics.close()
             await upstream.aclose()
@@ -184,6 +188,7 @@ def _new_app(gateway: Gateway) -> _GuardApp:
     app.gateway = gateway
     app.state.gateway = gateway
     app.state.metrics = gateway.metrics
+    app.state.context_window = context
     _install_error_handlers(app)
     return app
 
@@ -206,7 +211,7 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/readyz", summary="The next request can be served (upstream, rate limiter)")
     async def readyz() -> JSONResponse:
-        return await _readiness(gateway)
+        return await _readiness(gateway, app.state.context_window)
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus() -> Response:
@@ -218,14 +223,15 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
         openapi_extra=_check_schema(gateway.policy),
     )
     async def check(request: Request, path: str = "/v1/chat/completions") -> Response:
-        return await _dry_run(gateway, request, path)
+        return await _dry_run(gateway, request, path, app.state.context_window)
 
 
-async def _readiness(gateway: Gateway) -> JSONResponse:
+async def _readiness(gateway: Gateway, context: ContextWindow) -> JSONResponse:
     """``/readyz``: 200 when the next request can be served. The upstream's health check and,
     for Redis rate limits, a PING, at once. Redis not answering makes the guard unready only
     when the policy fails closed (every request would get 503 ``rate_limiter_unavailable``);
-    failing open, requests are served without limits, so it stays ready and says so."""
+    failing open, requests are served without limits, so it stays ready and says so. A ready
+    upstream's context window is read again, and the answer says which one is in force."""
     limiter = gateway.limiter
     redis = limiter if isinstance(limiter, RedisRateLimiter) else None
     if redis is None:
@@ -243,7 +249,8 @@ async def _readiness(gateway: Gateway) -> JSONResponse:
         )
     if err is not None:
         return JSONResponse(err.to_body(), status_code=503)
-    body = {"status": "ready"}
+    await context.refresh()
+    body: dict[str, Any] = {"status": "ready", **context.describe()}
     if not redis_ok:
         body["rate_limiter"] = "failing_open"
     return JSONResponse(body)
@@ -262,10 +269,13 @@ def _delta_counter(counter: TokenCounter) -> Callable[[str], int]:
     return count
 
 
-async def _dry_run(gateway: Gateway, request: Request, path: str) -> Response:
+async def _dry_run(
+    gateway: Gateway, request: Request, path: str, context: ContextWindow
+) -> Response:
     """The verdict the proxied route ``path`` would give ``request``'s body, without forwarding
     it: the gateway's own front half (:meth:`Gateway.admit`), so it cannot differ. A caller the
-    route would refuse (404, 401) gets that error; a refused request is a verdict (200)."""
+    route would refuse (404, 401) gets that error; a refused request is a verdict (200), with
+    the context window it was judged against and where that came from."""
     ex = gateway.exchange(path)
     try:
         admission = await gateway.admit(ex, request.scope["headers"], request.receive)
@@ -277,6 +287,7 @@ async def _dry_run(gateway: Gateway, request: Request, path: str) -> Response:
     verdict = admission.verdict
     result = verdict.to_dict()
     result["checks"] = [{"name": n, "outcome": o} for n, o in check_outcomes(verdict)]
+    result.update(context.describe())
     headers = {"x-request-id": ex.request_id or os.urandom(16).hex()}
     if verdict.rejection is not None and not admission.checked:
         headers.update(verdict.rejection.headers)  # framing's (connection: close)

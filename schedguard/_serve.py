@@ -174,7 +174,11 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def show_policy(path: str | None, *, as_json: bool = False) -> int:
+def show_policy(path: str | None, *, as_json: bool = False, upstream: str | None = None) -> int:
+    """Print the effective policy. The context window in force is said at the end (a YAML
+    comment; ``context_window`` beside ``policy`` in JSON): the policy's, or, with
+    ``upstream``, the one that upstream's ``/v1/models`` reports, as the guard would use it."""
+    from guard.context_window import in_force
     from guard.policy import PolicyError, load_policy, policy_to_yaml
     from guard.server import POLICY_ENV
 
@@ -183,8 +187,50 @@ def show_policy(path: str | None, *, as_json: bool = False) -> int:
     except PolicyError as exc:
         _err(policy_error_text(exc, {}, path), "policy show")
         return 2
+    models = None if upstream is None else _models_of(upstream)
+    if upstream is not None and models is None:
+        _err(f"{upstream}/v1/models did not answer 200 with JSON", "policy show")
+    policy, source = in_force(policy, models)
+    window = {
+        "context_length": policy.limits.tokens.context_length,
+        "source": source,
+        "upstream": upstream,
+    }
     text = policy_to_yaml(policy)
     if as_json:
-        text = json.dumps(yaml.safe_load(text), indent=2) + "\n"
-    sys.stdout.write(text)
+        doc = {"policy": yaml.safe_load(text), "context_window": window}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    sys.stdout.write(text + _context_comment(window))
     return 0
+
+
+_SOURCES = {
+    "policy": "set by the policy",
+    "upstream": "the upstream's /v1/models max_model_len",
+    "default": "the default; the guard reads the upstream's max_model_len when it reports one",
+}
+
+
+def _context_comment(window: Mapping[str, object]) -> str:
+    source = str(window["source"])
+    if source == "default" and window["upstream"] is not None:
+        said = "the default: the upstream reports no max_model_len"
+    else:
+        said = _SOURCES[source]
+    return f"# context window in force: {window['context_length']} tokens ({said})\n"
+
+
+def _models_of(upstream: str) -> object:
+    """``GET upstream/v1/models`` as JSON (at most 1 MiB, 5 s), or None."""
+    import urllib.error
+    import urllib.request
+
+    url = upstream.rstrip("/") + "/v1/models"
+    try:
+        with urllib.request.urlopen(url, timeout=5.0) as resp:
+            if resp.status != 200:
+                return None
+            return json.loads(resp.read(1 << 20))
+    except (OSError, ValueError):
+        return None

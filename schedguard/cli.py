@@ -235,6 +235,13 @@ def _add_policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="policy YAML file; without it $SCHEDGUARD_POLICY, else the built-in policy",
     )
     show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    show.add_argument(
+        "--upstream",
+        metavar="URL",
+        default=None,
+        help="ask this upstream's /v1/models for its max_model_len and show the context window "
+        "the guard would put in force (without it: the policy's)",
+    )
 
 
 def _run_ref(args: argparse.Namespace) -> int:
@@ -296,7 +303,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _run_policy(args: argparse.Namespace) -> int:
     from schedguard._serve import show_policy
 
-    return show_policy(args.policy, as_json=args.json)
+    return show_policy(args.policy, as_json=args.json, upstream=args.upstream)
 
 
 def missing_extra(exc: ModuleNotFoundError) -> str | None:

@@ -57,6 +57,8 @@ class Received:
 class FakeUpstream:
     received: list[Received] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)  # request ids whose client went away
+    probes: list[str] = field(default_factory=list)  # paths the guard asked for itself
+    models: dict[str, Any] = field(default_factory=dict)  # extra fields of GET /v1/models' entry
     url: str = ""
 
     def app(self) -> web.Application:
@@ -73,13 +75,19 @@ class FakeUpstream:
 
     async def _models(self, request: web.Request) -> web.Response:
         self._record(request, b"")
-        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        entry = {"id": "fake", "object": "model", **self.models}
+        return web.json_response({"object": "list", "data": [entry]})
 
     async def _model(self, request: web.Request) -> web.Response:
         self._record(request, b"")
         return web.json_response({"id": request.match_info["model"], "object": "model"})
 
     def _record(self, request: web.Request, body: bytes) -> None:
+        if "x-schedguard-probe" in request.headers:
+            # The guard's own requests (its model list at start-up and on readiness): not
+            # what a test sent through it.
+            self.probes.append(request.path)
+            return
         self.received.append(Received(request.method, request.path, dict(request.headers), body))
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:

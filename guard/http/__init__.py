@@ -26,14 +26,17 @@ from guard.http._sse_relay import (
 )
 from guard.http._upstream import (
     HOP_BY_HOP,
+    PROBE_HEADER,
     Upstream,
     UpstreamResponse,
+    max_model_len_of,
     response_headers,
 )
 
 __all__ = [
     "DISCONNECT_EXTENSION",
     "HOP_BY_HOP",
+    "PROBE_HEADER",
     "ClientDisconnected",
     "DisconnectHook",
     "FramingLimits",
@@ -47,6 +50,7 @@ __all__ = [
     "error_event",
     "head_refusals",
     "inspect_head",
+    "max_model_len_of",
     "read_body",
     "response_headers",
 ]

@@ -23,7 +23,9 @@ identity``) so the guard sees what the upstream sees and can count streamed toke
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
 
 from guard.errors import ConnectFailed, GuardError, TransportError, UpstreamError
 from guard.http._client import (
@@ -35,8 +37,10 @@ from guard.http._client import (
 
 __all__ = [
     "HOP_BY_HOP",
+    "PROBE_HEADER",
     "Upstream",
     "UpstreamResponse",
+    "max_model_len_of",
     "response_headers",
 ]
 
@@ -69,6 +73,9 @@ _NOT_RETURNED = HOP_BY_HOP | {"content-length", "date", "server", "x-request-id"
 _NOT_FORWARDED_RAW = frozenset(name.encode("latin-1") for name in _NOT_FORWARDED)
 _IDENTITY = (b"accept-encoding", b"identity")
 _NOT_RETURNED_RAW = frozenset(name.encode("latin-1") for name in _NOT_RETURNED)
+# Marks the guard's own requests to the upstream (health, the model list).
+PROBE_HEADER = (b"x-schedguard-probe", b"1")
+_MODELS_MAX = 1 << 20
 
 
 def _map_error(exc: BaseException) -> UpstreamError:
@@ -272,17 +279,59 @@ class Upstream:
         return False
 
     async def _probe(self, path: str) -> int | None:
+        answer = await self._get(path, [])
+        return None if answer is None else answer[0]
+
+    async def models(self) -> Any:
+        """The upstream's ``GET /v1/models`` document (parsed JSON), or None when it does not
+        answer 200 with JSON of at most 1 MiB within ``health_timeout_s``. The request carries
+        ``x-schedguard-probe`` so that recording fakes in tests can tell it apart."""
+        answer = await self._get("/v1/models", [PROBE_HEADER], _MODELS_MAX)
+        if answer is None or answer[0] != 200:
+            return None
+        try:
+            return json.loads(answer[1])
+        except ValueError:
+            return None
+
+    async def _get(
+        self, path: str, headers: list[tuple[bytes, bytes]], keep: int = 0
+    ) -> tuple[int, bytes] | None:
+        """(status, up to ``keep`` bytes of the body) of a GET within ``health_timeout_s``;
+        None when it failed or the body was longer."""
         timeout = self.health_timeout_s
         try:
             async with asyncio.timeout(timeout):  # the connect included
                 resp = await self._get_pool().request(
-                    "GET", path, [], None, total_timeout_s=timeout
+                    "GET", path, headers, None, total_timeout_s=timeout
                 )
+                body = bytearray()
                 try:
-                    while await resp.read_chunk():
-                        pass
-                    return resp.status
+                    while chunk := await resp.read_chunk():
+                        if len(body) + len(chunk) > keep:
+                            if keep:
+                                return None
+                            continue
+                        body += chunk
+                    return resp.status, bytes(body)
                 finally:
                     resp.release()
         except (*_TRANSPORT_ERRORS, ValueError):
             return None
+
+
+def max_model_len_of(models: Any) -> int | None:
+    """The context window a ``/v1/models`` document reports: the smallest positive integer
+    ``max_model_len`` of its entries (vLLM reports one per base model; LoRA adapters' cards
+    have none). None when no entry has one (llama-cpp-python, most other servers)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list):
+        return None
+    lengths = [
+        entry["max_model_len"]
+        for entry in data
+        if isinstance(entry, dict)
+        and type(entry.get("max_model_len")) is int
+        and entry["max_model_len"] > 0
+    ]
+    return min(lengths) if lengths else None

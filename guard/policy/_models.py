@@ -42,6 +42,8 @@ BASE_ROUTES: tuple[str, ...] = (
 )
 
 ANONYMOUS_TENANT = "anonymous"
+# The context window when neither the policy nor the upstream says (Llama 2's; small models').
+DEFAULT_CONTEXT_LENGTH = 4096
 
 
 class Section(BaseModel):
@@ -222,9 +224,20 @@ class TokensPolicy(Section):
         "(`max_tokens_exceeded`) or `clamp` it to `max_output_tokens`.",
     )
     context_length: PosInt | None = Field(
-        default=4096,
+        default=DEFAULT_CONTEXT_LENGTH,
         description="The upstream's context window: each prompt plus its output cap must fit "
-        "(`context_length_exceeded`). `null`: not checked.",
+        "(`context_length_exceeded`). Set here (a number, or `null`: not checked), it is the "
+        "one in force. Left out (or `auto`), the upstream's own wins when it reports one "
+        "(vLLM's `/v1/models` `max_model_len`, read at start-up and on readiness), else this "
+        "default, 4096 (llama.cpp reports none: set it to the server's `n_ctx`). "
+        "`schedguard policy show`, `/readyz` and the dry run say which is in force.",
+    )
+    context_length_from: Literal["upstream", "policy"] = Field(
+        default="upstream",
+        description="Where the context window comes from: `upstream` (the upstream's "
+        "`max_model_len` when it reports one, else `context_length`) or `policy` "
+        "(`context_length` always). Setting `context_length` makes it `policy` unless this is "
+        "set too.",
     )
     per_message_tokens: NonNegInt = Field(
         default=5,
@@ -267,6 +280,30 @@ class TokensPolicy(Section):
         "reconciles from the upstream's `usage`). `null` (default): exact when the upstream's "
         "chat template is known (`chat_template`), else the byte bound.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _context_source(cls, data: Any) -> Any:
+        """A ``context_length`` the policy sets is the one in force (``auto``: the upstream's),
+        unless ``context_length_from`` says otherwise."""
+        if not isinstance(data, dict) or "context_length" not in data:
+            return data
+        data = dict(data)
+        if data["context_length"] == "auto":
+            del data["context_length"]
+            data.setdefault("context_length_from", "upstream")
+        else:
+            data.setdefault("context_length_from", "policy")
+        return data
+
+    def with_context(self, max_model_len: int | None) -> TokensPolicy:
+        """These limits with the upstream's context window in force, when it reported one and
+        ``context_length_from`` is ``upstream``; else these."""
+        if max_model_len is None or self.context_length_from != "upstream":
+            return self
+        if max_model_len == self.context_length:
+            return self
+        return self.model_copy(update={"context_length": max_model_len})
 
     @model_validator(mode="after")
     def _consistent(self) -> TokensPolicy:
@@ -696,6 +733,16 @@ class Policy(Section):
     def rates_by_digest(self) -> dict[str, RatePolicy]:
         """Each key's rate (its overrides applied once, not per request)."""
         return {entry.digest: entry.rate.apply(self.rate) for entry in self.keys}
+
+    def with_upstream_context(self, max_model_len: int | None) -> Policy:
+        """This policy with the upstream's context window in force (see
+        :meth:`TokensPolicy.with_context`); itself when that changes nothing."""
+        tokens = self.limits.tokens
+        updated = tokens.with_context(max_model_len)
+        if updated is tokens:
+            return self
+        limits = self.limits.model_copy(update={"tokens": updated})
+        return self.model_copy(update={"limits": limits})
 
     def rate_for(self, entry: KeyEntry | None) -> RatePolicy:
         """The rate limits of one key (``rate.anonymous``'s for the anonymous tenant)."""

@@ -72,7 +72,7 @@ async def test_fail_closed_without_redis_is_not_ready_and_says_so_at_start(
                 # Logged when Redis comes back, without a request or a probe.
                 await _until(lambda: len(_warnings(caplog)) == 2)
                 assert "answering again" in _warnings(caplog)[1]
-                assert (await client.get("/readyz")).json() == {"status": "ready"}
+                assert (await client.get("/readyz")).json()["status"] == "ready"
                 assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
             await _until(lambda: len(_warnings(caplog)) == 3)
             assert "failed" in _warnings(caplog)[2]
@@ -88,7 +88,8 @@ async def test_fail_open_without_redis_is_ready_and_serves_without_limits(
             assert "failing open" in _warnings(caplog)[0]
             ready = await client.get("/readyz")
             assert ready.status_code == 200
-            assert ready.json() == {"status": "ready", "rate_limiter": "failing_open"}
+            assert ready.json()["status"] == "ready"
+            assert ready.json()["rate_limiter"] == "failing_open"
             assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
 
 

@@ -1,0 +1,117 @@
+"""The context window in force: the policy's, or the one the upstream reports (issue 14 item 7).
+
+``limits.tokens.context_length`` set in the policy is the one in force. Left out (or ``auto``),
+the upstream's own wins when it reports one: vLLM's ``GET /v1/models`` has ``max_model_len``
+for each base model (LoRA adapters' cards have none), llama-cpp-python has nothing, and the
+policy's default (4096) stays. :class:`ContextWindow` reads it at start-up, again whenever the
+upstream answers a readiness check (vLLM restarted with another ``--max-model-len`` is
+noticed), and, while the upstream has not answered yet, every few seconds in the background;
+each time it swaps the gateway's policy for one with that window in force
+(:meth:`~guard.policy.Policy.with_upstream_context`), so every check, the dry run included,
+uses it. :meth:`ContextWindow.describe` says which one is in force and where it came from:
+``policy``, ``upstream`` or ``default`` (the upstream reported none, or has not answered yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Literal
+
+from guard.http import Upstream, max_model_len_of
+from guard.policy import Policy
+
+__all__ = ["ContextWindow", "Source", "in_force"]
+
+_log = logging.getLogger("schedguard.guard")
+
+Source = Literal["policy", "upstream", "default"]
+# While the upstream has not answered, the model list is asked for this often.
+RETRY_S = 5.0
+
+
+def in_force(base: Policy, models: Any) -> tuple[Policy, Source]:
+    """``base`` with the context window ``models`` (the upstream's ``/v1/models`` document;
+    None when it did not answer) puts in force, and where that window comes from."""
+    if base.limits.tokens.context_length_from == "policy":
+        return base, "policy"
+    reported = None if models is None else max_model_len_of(models)
+    if reported is None:
+        return base, "default"
+    return base.with_upstream_context(reported), "upstream"
+
+
+class ContextWindow:
+    """Keeps ``holder.policy`` (a gateway) in step with the upstream's context window."""
+
+    def __init__(self, holder: Any, upstream: Upstream) -> None:
+        self._holder = holder
+        self._base: Policy = holder.policy
+        self._upstream = upstream
+        self.source: Source = self._initial_source()
+        self.answered = False  # the upstream has answered GET /v1/models at least once
+        self._task: asyncio.Task[None] | None = None
+
+    def _initial_source(self) -> Source:
+        return "policy" if self._base.limits.tokens.context_length_from == "policy" else "default"
+
+    @property
+    def value(self) -> int | None:
+        policy: Policy = self._holder.policy
+        return policy.limits.tokens.context_length
+
+    def describe(self) -> dict[str, Any]:
+        """``{"context_length": N or None, "context_length_source": "policy" | "upstream" |
+        "default"}``."""
+        return {"context_length": self.value, "context_length_source": self.source}
+
+    async def refresh(self) -> bool:
+        """Ask the upstream once; True when it answered (with a window or without one)."""
+        if self._base.limits.tokens.context_length_from == "policy":
+            return True
+        models = await self._upstream.models()
+        if models is None:
+            return False
+        self.answered = True
+        reported = max_model_len_of(models)
+        previous = self.value
+        self._holder.policy, self.source = in_force(self._base, models)
+        if self.value != previous:
+            _log.info(
+                "context window in force: %s tokens (%s)", self.value, self._described_source()
+            )
+        tokens = self._base.limits.tokens
+        if reported is not None and reported <= tokens.default_max_tokens:
+            _log.warning(
+                "the upstream's max_model_len (%d) is not above limits.tokens.default_max_tokens "
+                "(%d): requests without max_tokens will not fit",
+                reported,
+                tokens.default_max_tokens,
+            )
+        return True
+
+    def _described_source(self) -> str:
+        return {
+            "policy": "the policy's limits.tokens.context_length",
+            "upstream": "the upstream's /v1/models max_model_len",
+            "default": "the default: the upstream reports none",
+        }[self.source]
+
+    async def start(self) -> None:
+        """At start-up: ask once; if the upstream does not answer yet, keep asking in the
+        background until it does (stopped by :meth:`stop`)."""
+        if await self.refresh():
+            return
+        self._task = asyncio.create_task(self._until_answered())
+
+    async def _until_answered(self) -> None:
+        while not await self.refresh():
+            await asyncio.sleep(RETRY_S)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,149 @@
+"""The context window in force (issue 14 item 7): the policy's when it sets one, else the one
+the upstream's ``/v1/models`` reports (vLLM's ``max_model_len``), read at start-up and again on
+readiness, else the default; ``/readyz``, the dry run and ``schedguard policy show --upstream``
+say which. Real HTTP: a fake upstream and the guard served by uvicorn."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from guard.app import create_app
+from guard.http import max_model_len_of
+from guard.policy import DEFAULT_CONTEXT_LENGTH, policy_from_yaml
+from schedguard.cli import main as cli_main
+from tests._guard_harness import FakeUpstream, fake_upstream, serve
+
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@contextlib.asynccontextmanager
+async def _guard(
+    policy_yaml: str, models: dict[str, Any]
+) -> AsyncIterator[tuple[httpx.AsyncClient, FakeUpstream]]:
+    async with fake_upstream() as fake:
+        fake.models.update(models)
+        app = create_app(policy_from_yaml(policy_yaml), upstream_url=fake.url)
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+            yield client, fake
+
+
+async def _check(client: httpx.AsyncClient, max_tokens: int) -> dict[str, Any]:
+    resp = await client.post("/guard/v1/check", json={**CHAT, "max_tokens": max_tokens})
+    assert resp.status_code == 200
+    result: dict[str, Any] = resp.json()
+    return result
+
+
+async def test_upstream_max_model_len_is_in_force_when_the_policy_sets_none() -> None:
+    async with _guard("{}", {"max_model_len": 1024}) as (client, fake):
+        ready = (await client.get("/readyz")).json()
+        assert ready["context_length"] == 1024
+        assert ready["context_length_source"] == "upstream"
+        # 1000 output tokens + the prompt do not fit 1024, though they fit the default 4096.
+        verdict = await _check(client, 1000)
+        assert verdict["code"] == "context_length_exceeded"
+        assert verdict["context_length_source"] == "upstream"
+        assert (await _check(client, 500))["allowed"] is True
+        # The guard's own model-list requests are marked, and were made (start-up, readiness).
+        assert "/v1/models" in fake.probes
+        assert not fake.received
+
+
+async def test_policy_value_wins_over_the_upstream() -> None:
+    policy = "limits: {tokens: {context_length: 8192}}"
+    async with _guard(policy, {"max_model_len": 1024}) as (client, _):
+        ready = (await client.get("/readyz")).json()
+        assert (ready["context_length"], ready["context_length_source"]) == (8192, "policy")
+        assert (await _check(client, 2000))["allowed"] is True
+
+
+async def test_auto_in_the_policy_means_the_upstream() -> None:
+    policy = "limits: {tokens: {context_length: auto}}"
+    async with _guard(policy, {"max_model_len": 2048}) as (client, _):
+        ready = (await client.get("/readyz")).json()
+        assert (ready["context_length"], ready["context_length_source"]) == (2048, "upstream")
+
+
+async def test_an_upstream_without_max_model_len_leaves_the_default() -> None:
+    async with _guard("{}", {}) as (client, _):
+        ready = (await client.get("/readyz")).json()
+        assert ready["context_length"] == DEFAULT_CONTEXT_LENGTH
+        assert ready["context_length_source"] == "default"
+
+
+async def test_a_restarted_upstream_with_another_window_is_noticed_on_readiness() -> None:
+    async with _guard("{}", {"max_model_len": 1024}) as (client, fake):
+        assert (await client.get("/readyz")).json()["context_length"] == 1024
+        fake.models["max_model_len"] = 3000
+        ready = (await client.get("/readyz")).json()
+        assert ready["context_length"] == 3000
+        assert (await _check(client, 2000))["allowed"] is True
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        ({"data": [{"id": "m", "max_model_len": 4096}, {"id": "lora"}]}, 4096),
+        ({"data": [{"max_model_len": 8192}, {"max_model_len": 2048}]}, 2048),
+        ({"data": [{"max_model_len": 0}, {"max_model_len": -5}]}, None),
+        ({"data": [{"max_model_len": "4096"}, {"max_model_len": True}]}, None),
+        ({"data": [{"max_model_len": 1e9}]}, None),
+        ({"data": "x"}, None),
+        ([], None),
+        (None, None),
+    ],
+)
+def test_max_model_len_of(doc: Any, expected: int | None) -> None:
+    assert max_model_len_of(doc) == expected
+
+
+@contextlib.contextmanager
+def _models_server(doc: dict[str, Any]) -> Iterator[str]:
+    body = json.dumps(doc).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_policy_show_says_which_window_is_in_force(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["policy", "show"]) == 0
+    assert "# context window in force: 4096 tokens (the default" in capsys.readouterr().out
+    with _models_server({"data": [{"id": "m", "max_model_len": 1536}]}) as url:
+        assert cli_main(["policy", "show", "--upstream", url, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["context_window"] == {
+            "context_length": 1536,
+            "source": "upstream",
+            "upstream": url,
+        }
+        assert doc["policy"]["limits"]["tokens"]["context_length"] == 1536
+        assert cli_main(["policy", "show", "--upstream", url]) == 0
+        out = capsys.readouterr().out
+        assert out.endswith(
+            "# context window in force: 1536 tokens (the upstream's /v1/models max_model_len)\n"
+        )
