@@ -636,7 +636,8 @@ class Gateway:
             ex.code = err.code
             self.metrics.rejected(err.code)
             if not relay.done:
-                out = error_event(err.to_body())
+                out = error_event(err.to_body())  # ends with [DONE]: the stream's last event
+                ex.finished = True
                 await self._write(send, out)
                 ex.bytes_out += len(out)
         if relay.cut or relay.oversized:
