@@ -257,7 +257,7 @@ def _flood(client: httpx.Client, payload: Payload) -> list[Answer]:
     return [send(client, payload, key) for _ in range(6)]  # in a row, faster than any refill
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_every_corpus_payload_through_the_guard_leaves_the_vulnerable_upstream_healthy(
     deployment: Deployment,
 ) -> None:

@@ -25,6 +25,10 @@ from tests._support import free_port
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hello"}]}
 STREAM = {**CHAT, "stream": True}
 FAST = "upstream: {read_timeout_s: 0.3, connect_timeout_s: 1.0}"
+# For faults that are not timeouts: a busy machine must not turn them into one.
+STEADY = "upstream: {read_timeout_s: 30, connect_timeout_s: 10}"
+# Outer bounds for the guard's clean-up and cancellations (waits, not speed checks).
+WAIT_S = 20.0
 
 
 @contextlib.asynccontextmanager
@@ -43,7 +47,7 @@ async def guard(
             await settled(app)
 
 
-async def settled(app: Any, timeout: float = 3.0) -> None:
+async def settled(app: Any, timeout: float = WAIT_S) -> None:
     """Nothing of any request is left in the guard: no request, slot or reservation."""
     gateway = app.state.gateway
     deadline = time.monotonic() + timeout
@@ -53,7 +57,7 @@ async def settled(app: Any, timeout: float = 3.0) -> None:
     assert gateway.concurrency.waiting == 0
 
 
-async def wait_for_cancel(fake: FakeUpstream, timeout: float = 3.0) -> float:
+async def wait_for_cancel(fake: FakeUpstream, timeout: float = WAIT_S) -> float:
     start = time.monotonic()
     while not fake.cancelled:
         assert time.monotonic() - start < timeout, "the upstream request was not cancelled"
@@ -94,12 +98,12 @@ async def test_upstream_hanging_is_504_within_the_timeout() -> None:
         resp = await c.post("/v1/chat/completions", json=CHAT, headers={"x-fake": "hang"})
         elapsed = time.monotonic() - start
         assert resp.status_code == 504 and code_of(resp) == "upstream_timeout"
-        assert 0.25 < elapsed < 5.0  # the 504 comes from the read timeout, not a hang
+        assert 0.25 < elapsed < WAIT_S  # the 504 comes from the read timeout, not a hang
         await wait_for_cancel(fake)  # the guard dropped the upstream request
 
 
 async def test_upstream_reset_is_502() -> None:
-    async with guard() as (url, _, _app), httpx.AsyncClient(base_url=url) as c:
+    async with guard(STEADY) as (url, _, _app), httpx.AsyncClient(base_url=url) as c:
         resp = await c.post("/v1/chat/completions", json=CHAT, headers={"x-fake": "reset"})
         assert resp.status_code == 502 and code_of(resp) == "upstream_error"
         # The pool recovers: the next request works.
@@ -107,7 +111,7 @@ async def test_upstream_reset_is_502() -> None:
 
 
 async def test_upstream_reset_mid_stream_ends_the_stream_with_an_error_event() -> None:
-    async with guard() as (url, _, _app), httpx.AsyncClient(base_url=url) as c:
+    async with guard(STEADY) as (url, _, _app), httpx.AsyncClient(base_url=url) as c:
         resp = await c.post(
             "/v1/chat/completions", json=STREAM, headers={"x-fake": "reset-mid-stream"}
         )
@@ -125,7 +129,7 @@ async def test_upstream_silent_mid_stream_is_cut_at_the_read_timeout() -> None:
             json=STREAM,
             headers={"x-fake": "endless", "x-fake-interval": "30"},
         )
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < WAIT_S  # cut long before the upstream's next event (30 s)
         events = sse(resp.text)
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_timeout"
         await wait_for_cancel(fake)
@@ -171,7 +175,7 @@ async def test_client_disconnecting_mid_stream_cancels_the_upstream_request(
                 if line.startswith("data: "):
                     break
             # Leaving the block closes the connection mid-stream.
-        assert await wait_for_cancel(fake) < 2.0
+        await wait_for_cancel(fake)
         await settled(app)
         text = app.state.metrics.render().decode()
         assert 'schedguard_guard_upstream_aborts_total{reason="client_gone"} 1.0' in text
@@ -191,7 +195,7 @@ async def test_client_disconnecting_while_waiting_cancels_the_upstream_request(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        assert await wait_for_cancel(fake) < 2.0
+        await wait_for_cancel(fake)
         await settled(app)
 
 
@@ -211,7 +215,7 @@ async def test_slow_client_is_cut_and_the_upstream_request_cancelled() -> None:
         try:
             await loop.sock_sendall(sock, head + body)
             # Never read: the guard's writes back up and it gives up after client_timeout_s.
-            assert await wait_for_cancel(fake, timeout=5.0) < 5.0
+            await wait_for_cancel(fake)
             await settled(app)
         finally:
             sock.close()
@@ -221,7 +225,12 @@ async def test_slow_client_is_cut_and_the_upstream_request_cancelled() -> None:
 
 @pytest.mark.parametrize("mode", ["hang", "reset", "reset-mid-stream"])
 async def test_faults_leave_the_guard_serving(mode: str) -> None:
-    async with guard() as (url, _, app), httpx.AsyncClient(base_url=url) as c:
+    # The hung requests end at the read timeout; 3 s leaves the last request room on a busy
+    # machine.
+    async with (
+        guard("upstream: {read_timeout_s: 3, connect_timeout_s: 10}") as (url, _, app),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
         await asyncio.gather(
             *(
                 c.post("/v1/chat/completions", json=STREAM, headers={"x-fake": mode})

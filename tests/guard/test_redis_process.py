@@ -54,7 +54,7 @@ async def _burst(urls: Sequence[str], n: int) -> list[httpx.Response]:
         )  # fmt: skip
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 async def test_two_guards_share_one_limit_through_redis_and_fail_as_configured(
     tmp_path: Path,
 ) -> None:

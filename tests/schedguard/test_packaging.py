@@ -37,9 +37,14 @@ from tests.schedguard.test_dockerfile import DOCKERFILE, parse
 
 ROOT = REPO_ROOT
 REPLAY = ROOT / "payloads" / "attacks" / "fan_out" / "fo-n-million.yaml"
-pytestmark = pytest.mark.skipif(
-    shutil.which("sh") is None or sys.platform != "linux", reason="needs a POSIX shell (Linux)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("sh") is None or sys.platform != "linux", reason="needs a POSIX shell (Linux)"
+    ),
+    # Building the wheel and two venvs falls in the first test's time: ~85 s quiet, ~150 s with
+    # the other core busy. An outer bound, not a speed check.
+    pytest.mark.timeout(900),
+]
 
 
 # ------------------------------------------------------------------------- the build context
