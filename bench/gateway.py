@@ -283,7 +283,7 @@ class Servers:
 
 
 @dataclass
-class Request:
+class WrkRequest:
     path: str
     body: bytes
     headers: Sequence[tuple[str, str]] = (("Content-Type", "application/json"),)
@@ -292,14 +292,14 @@ class Request:
 # The cheapest refusal: one byte the parser refuses at once (400 invalid_json). Its latency is
 # the HTTP round trip and the machine's noise, with next to no checking: the floor under every
 # rejection class.
-FLOOR_REQUEST = Request(CHAT, b"{")
+FLOOR_REQUEST = WrkRequest(CHAT, b"{")
 
 
 def _lua_string(text: str) -> str:
     return json.dumps(text)  # a JSON string is a valid Lua string for this (ASCII) text
 
 
-def write_script(work: Path, name: str, requests: Sequence[Request]) -> Path:
+def write_script(work: Path, name: str, requests: Sequence[WrkRequest]) -> Path:
     """A wrk script sending ``requests`` in turn (bodies read from files at start)."""
     specs = []
     files: dict[bytes, Path] = {}
@@ -400,7 +400,7 @@ def _ms(us: float | None) -> float | None:
 
 def throughput(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     body = json.dumps(STREAM_BODY if args.stream else BENCH_BODY).encode()
-    script = write_script(work, "benign", [Request(CHAT, body)])
+    script = write_script(work, "benign", [WrkRequest(CHAT, body)])
     targets = [
         "direct",
         "passthrough",
@@ -477,8 +477,8 @@ class Attack:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def request(self) -> Request:
-        return Request(self.path, self.body, self.headers)
+    def request(self) -> WrkRequest:
+        return WrkRequest(self.path, self.body, self.headers)
 
     @property
     def matches(self) -> bool:
@@ -487,7 +487,7 @@ class Attack:
         )
 
 
-def load_attacks(max_body: int) -> tuple[list[Attack], list[Request], list[str]]:
+def load_attacks(max_body: int) -> tuple[list[Attack], list[WrkRequest], list[str]]:
     """The corpus: pipeline attacks up to ``max_body`` bytes, benign requests, skipped ids."""
     from payloads.loader import load_corpus
 
@@ -509,11 +509,11 @@ def load_attacks(max_body: int) -> tuple[list[Attack], list[Request], list[str]]
             )
         )
     benign = [
-        Request(p.endpoint, p.body_bytes(), p.header_items())
+        WrkRequest(p.endpoint, p.body_bytes(), p.header_items())
         for p in load_corpus(kind="benign")
         if p.layer == "pipeline" and p.method == "POST"
     ]
-    benign.append(Request(CHAT, json.dumps(BENCH_BODY).encode()))
+    benign.append(WrkRequest(CHAT, json.dumps(BENCH_BODY).encode()))
     return attacks, benign, skipped
 
 
@@ -715,7 +715,7 @@ def rss(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> dic
     # milliseconds to tens of them each) in one cycle of 8, so that 100k requests take minutes.
     small = [a for a in attacks if len(a.body) <= SMALL_BODY_MAX]
     large = [a for a in attacks if len(a.body) > SMALL_BODY_MAX]
-    mix: list[Request] = []
+    mix: list[WrkRequest] = []
     for cycle in range(8):
         for a in small + (large if cycle == 0 else []):
             mix.append(a.request)

@@ -22,16 +22,16 @@ from typing import Any, Literal
 from guard.http import Upstream, max_model_len_of
 from guard.policy import Policy
 
-__all__ = ["ContextWindow", "Source", "in_force"]
+__all__ = ["ContextWindow", "WindowSource", "in_force"]
 
 _log = logging.getLogger("schedguard.guard")
 
-Source = Literal["policy", "upstream", "default"]
+WindowSource = Literal["policy", "upstream", "default"]
 # While the upstream has not answered, the model list is asked for this often.
 RETRY_S = 5.0
 
 
-def in_force(base: Policy, models: Any) -> tuple[Policy, Source]:
+def in_force(base: Policy, models: Any) -> tuple[Policy, WindowSource]:
     """``base`` with the context window ``models`` (the upstream's ``/v1/models`` document;
     None when it did not answer) puts in force, and where that window comes from."""
     if base.limits.tokens.context_length_from == "policy":
@@ -49,11 +49,11 @@ class ContextWindow:
         self._holder = holder
         self._base: Policy = holder.policy
         self._upstream = upstream
-        self.source: Source = self._initial_source()
+        self.source: WindowSource = self._initial_source()
         self.answered = False  # the upstream has answered GET /v1/models at least once
         self._task: asyncio.Task[None] | None = None
 
-    def _initial_source(self) -> Source:
+    def _initial_source(self) -> WindowSource:
         return "policy" if self._base.limits.tokens.context_length_from == "policy" else "default"
 
     @property

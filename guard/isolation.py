@@ -37,8 +37,8 @@ import psutil
 from guard.errors import GuardError
 
 __all__ = [
+    "ChildOutcome",
     "IsolatedResult",
-    "Outcome",
     "PeakRssSampler",
     "is_multiprocessing_helper",
     "kill_tree",
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Outcome = Literal["ok", "error", "killed", "timeout"]
+ChildOutcome = Literal["ok", "error", "killed", "timeout"]
 
 # Results bigger than this are refused in the child (a reply must not cost the parent memory).
 MAX_RESULT_BYTES = 64 << 20
@@ -66,7 +66,7 @@ class IsolatedResult(Generic[T]):
     killed it at the wall-clock limit.
     """
 
-    outcome: Outcome
+    outcome: ChildOutcome
     value: T | None
     error_type: str | None
     error_code: str | None
@@ -109,7 +109,7 @@ def _child_main(conn: multiprocessing.connection.Connection, payload: bytes, mem
     _die_with_parent()
     _set_address_space_limit(mem)
 
-    outcome: Outcome = "ok"
+    outcome: ChildOutcome = "ok"
     value: Any = None
     error_type: str | None = None
     error_code: str | None = None

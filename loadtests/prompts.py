@@ -16,9 +16,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["BenignMix", "BenignRequest", "Kind", "LengthModel", "make_request"]
+__all__ = ["BenignMix", "BenignRequest", "LengthModel", "PromptKind", "make_request"]
 
-Kind = Literal["chat", "completion"]
+PromptKind = Literal["chat", "completion"]
 
 _SENTENCES = (
     "The quarterly report shows revenue growth in every region except the north.",
@@ -100,7 +100,7 @@ class BenignMix:
 
 @dataclass(frozen=True)
 class BenignRequest:
-    kind: Kind
+    kind: PromptKind
     stream: bool
     path: str
     body: bytes
@@ -127,7 +127,7 @@ def _text(rng: random.Random, tokens: int) -> str:
 def make_request(rng: random.Random, mix: BenignMix) -> BenignRequest:
     """One benign request drawn from ``mix``."""
     total = mix.chat_weight + mix.completion_weight
-    kind: Kind = "chat" if rng.random() * total < mix.chat_weight else "completion"
+    kind: PromptKind = "chat" if rng.random() * total < mix.chat_weight else "completion"
     stream = rng.random() < mix.stream_share
     prompt_tokens = mix.prompt_tokens.sample(rng)
     max_tokens = mix.output_tokens.sample(rng)

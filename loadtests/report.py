@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import slo
-from loadtests.svgchart import Band, Bars, HLine, Line, Marker, bar_chart, line_chart
+from loadtests.svgchart import Band, Bars, HLine, Line, Marker, Point, bar_chart, line_chart
 from loadtests.timeline import FLOOD_SERVED
 
 __all__ = [
@@ -142,9 +142,6 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
 
 
 # ------------------------------------------------------------------------------ series
-
-
-Point = tuple[float, float | None]
 
 
 @dataclass

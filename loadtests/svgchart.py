@@ -23,6 +23,7 @@ __all__ = [
     "HLine",
     "Line",
     "Marker",
+    "Point",
     "bar_chart",
     "format_seconds",
     "line_chart",
@@ -30,6 +31,7 @@ __all__ = [
     "time_ticks",
 ]
 
+# A point of a line: (seconds, value); a None value breaks the line.
 Point = tuple[float, float | None]
 
 _LEFT, _RIGHT, _TOP, _BOTTOM = 62, 52, 14, 40

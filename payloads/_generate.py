@@ -49,8 +49,8 @@ __all__ = [
     "MAX_OUT_BYTES",
     "MAX_TIMES",
     "MAX_WORK_BYTES",
-    "Node",
     "RawJSON",
+    "SpecNode",
     "check_out",
     "dump_json",
     "json_bound",
@@ -68,7 +68,7 @@ MAX_TIMES = 1 << 26
 # Streaming operations emit at most this much at a time.
 _BLOCK = 64 << 10
 
-NodeKind = Literal["text", "bytes", "json"]
+SpecNodeKind = Literal["text", "bytes", "json"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class RawJSON:
 
 
 @dataclass(frozen=True)
-class Node:
+class SpecNode:
     """One parsed operation or container.
 
     ``out`` bounds the UTF-8 bytes of the value itself (text and bytes) or of its compact JSON
@@ -88,7 +88,7 @@ class Node:
     """
 
     op: str
-    kind: NodeKind
+    kind: SpecNodeKind
     out: int
     esc: int
     work: int
@@ -122,28 +122,28 @@ def _args(value: Any, op: str, names: Sequence[str], required: Sequence[str]) ->
     return dict(value)
 
 
-def _node(op: str, kind: NodeKind, out: int, esc: int, work: int, *args: Any) -> Node:
+def _node(op: str, kind: SpecNodeKind, out: int, esc: int, work: int, *args: Any) -> SpecNode:
     # Intermediate values may be held while evaluating (a $b64 of a $png, say), so every node
     # is capped by the work cap; what is sent is capped by MAX_OUT_BYTES (see check_out).
     if work > MAX_WORK_BYTES or out > MAX_WORK_BYTES:
         raise GeneratorError(f"{op} may cost {work} bytes of work; the cap is {MAX_WORK_BYTES}")
-    return Node(op, kind, out, esc, work, args)
+    return SpecNode(op, kind, out, esc, work, args)
 
 
-def _need(node: Node, kinds: tuple[NodeKind, ...], where: str) -> Node:
+def _need(node: SpecNode, kinds: tuple[SpecNodeKind, ...], where: str) -> SpecNode:
     if node.kind not in kinds:
         raise GeneratorError(f"{where} needs {' or '.join(kinds)}, got {node.kind} ({node.op})")
     return node
 
 
-def parse_expr(spec: Any) -> Node:
+def parse_expr(spec: Any) -> SpecNode:
     """Parse a spec into a node tree with its bounds; raise :class:`GeneratorError` if invalid."""
     if isinstance(spec, Mapping) and len(spec) == 1:
         (key,) = spec
         if isinstance(key, str) and key.startswith("$"):
             return _parse_op(key, spec[key])
     if isinstance(spec, Mapping):
-        items: list[tuple[str, Node]] = []
+        items: list[tuple[str, SpecNode]] = []
         out = 2 + max(0, len(spec) - 1)
         work = 0
         for key, value in spec.items():
@@ -170,19 +170,19 @@ def parse_expr(spec: Any) -> Node:
     raise GeneratorError(f"unsupported value in a generator: {type(spec).__name__}")
 
 
-def _value_out(node: Node) -> int:
+def _value_out(node: SpecNode) -> int:
     """Bound on the JSON text of a member: a text node is quoted and escaped."""
     return node.esc + 2 if node.kind == "text" else node.out
 
 
-def _parse_op(op: str, value: Any) -> Node:
+def _parse_op(op: str, value: Any) -> SpecNode:
     parse = _OPS.get(op)
     if parse is None:
         raise GeneratorError(f"unknown operation {op!r}")
     return parse(op, value)
 
 
-def _op_repeat(op: str, value: Any) -> Node:
+def _op_repeat(op: str, value: Any) -> SpecNode:
     a = _args(value, op, ("value", "times"), ("value", "times"))
     inner = _need(parse_expr(a["value"]), ("text", "bytes"), "$repeat value")
     times = _int(a["times"], "$repeat times")
@@ -197,17 +197,17 @@ def _op_repeat(op: str, value: Any) -> Node:
     )
 
 
-def _op_concat(op: str, value: Any) -> Node:
+def _op_concat(op: str, value: Any) -> SpecNode:
     if not isinstance(value, list):
         raise GeneratorError("$concat takes a list of parts")
     parts = [_need(parse_expr(p), ("text", "bytes"), "$concat part") for p in value]
-    kind: NodeKind = "text" if all(p.kind == "text" for p in parts) else "bytes"
+    kind: SpecNodeKind = "text" if all(p.kind == "text" for p in parts) else "bytes"
     out = sum(p.out for p in parts)
     esc = sum(p.esc for p in parts)
     return _node(op, kind, out, esc, sum(p.work for p in parts) + out, tuple(parts))
 
 
-def _op_list(op: str, value: Any) -> Node:
+def _op_list(op: str, value: Any) -> SpecNode:
     a = _args(value, op, ("item", "times"), ("item", "times"))
     item = _need(parse_expr(a["item"]), ("text", "json"), "$list item")
     times = _int(a["times"], "$list times")
@@ -215,7 +215,7 @@ def _op_list(op: str, value: Any) -> Node:
     return _node(op, "json", out, out, item.work + out, item, times)
 
 
-def _op_object(op: str, value: Any) -> Node:
+def _op_object(op: str, value: Any) -> SpecNode:
     a = _args(value, op, ("key_prefix", "times", "value"), ("times", "value"))
     prefix = a.get("key_prefix", "k")
     if not isinstance(prefix, str):
@@ -227,7 +227,7 @@ def _op_object(op: str, value: Any) -> Node:
     return _node(op, "json", out, out, member.work + out, prefix, member, times)
 
 
-def _op_nest(op: str, value: Any) -> Node:
+def _op_nest(op: str, value: Any) -> SpecNode:
     a = _args(value, op, ("depth", "key", "inner"), ("depth",))
     depth = _int(a["depth"], "$nest depth")
     key = a.get("key")
@@ -240,19 +240,19 @@ def _op_nest(op: str, value: Any) -> Node:
     return _node(op, "json", out, out, inner.work + out, key, depth, inner)
 
 
-def _op_json(op: str, value: Any) -> Node:
+def _op_json(op: str, value: Any) -> SpecNode:
     inner = _need(parse_expr(value), ("text", "json"), "$json")
     out = _value_out(inner)
     # Escaping JSON text again at most doubles it (quotes and backslashes).
     return _node(op, "text", out, 2 * out, inner.work + out, inner)
 
 
-def _op_raw_json(op: str, value: Any) -> Node:
+def _op_raw_json(op: str, value: Any) -> SpecNode:
     inner = _need(parse_expr(value), ("text", "bytes"), "$raw_json")
     return _node(op, "json", inner.out, inner.out, inner.work + inner.out, inner)
 
 
-def _op_hex(op: str, value: Any) -> Node:
+def _op_hex(op: str, value: Any) -> SpecNode:
     if not isinstance(value, str):
         raise GeneratorError("$hex takes a string of hex digits")
     try:
@@ -262,20 +262,20 @@ def _op_hex(op: str, value: Any) -> Node:
     return _node(op, "bytes", len(data), 4 * len(data), len(data), data)
 
 
-def _op_b64(op: str, value: Any) -> Node:
+def _op_b64(op: str, value: Any) -> SpecNode:
     inner = _need(parse_expr(value), ("text", "bytes"), "$b64")
     out = 4 * math.ceil(inner.out / 3)
     return _node(op, "text", out, out, inner.work + out, inner)
 
 
-def _op_gzip(op: str, value: Any) -> Node:
+def _op_gzip(op: str, value: Any) -> SpecNode:
     inner = _need(parse_expr(value), ("text", "bytes"), "$gzip")
     # zlib's deflateBound plus the gzip header and trailer: sound for any input.
     out = inner.out + (inner.out >> 12) + (inner.out >> 14) + (inner.out >> 25) + 13 + 18
     return _node(op, "bytes", out, 4 * out, inner.work + out, inner)
 
 
-def _op_png(op: str, value: Any) -> Node:
+def _op_png(op: str, value: Any) -> SpecNode:
     a = _args(value, op, ("width", "height", "rows"), ("width", "height"))
     width = _int(a["width"], "$png width", low=1, high=2**31 - 1)
     height = _int(a["height"], "$png height", low=1, high=2**31 - 1)
@@ -286,7 +286,7 @@ def _op_png(op: str, value: Any) -> Node:
 
 
 # Each operation's parser: checks its arguments and computes its node's bounds.
-_OPS: dict[str, Callable[[str, Any], Node]] = {
+_OPS: dict[str, Callable[[str, Any], SpecNode]] = {
     "$repeat": _op_repeat,
     "$concat": _op_concat,
     "$list": _op_list,
@@ -304,7 +304,7 @@ _OPS: dict[str, Callable[[str, Any], Node]] = {
 # ---- materialising ---------------------------------------------------------------------------
 
 
-def _chunks(node: Node) -> Iterator[bytes]:
+def _chunks(node: SpecNode) -> Iterator[bytes]:
     """A text or bytes node's bytes, in pieces; repetition streams in blocks."""
     if node.op == "$repeat":
         inner, times = node.args
@@ -353,7 +353,7 @@ def _png(width: int, height: int, rows: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
-def _nest_text(node: Node) -> bytes:
+def _nest_text(node: SpecNode) -> bytes:
     key, inner = node.args[0], node.args[2]
     depth: int = node.args[1]
     middle = dump_json(_evaluate(inner))
@@ -363,7 +363,7 @@ def _nest_text(node: Node) -> bytes:
     return opener * depth + middle + b"}" * depth
 
 
-def _evaluate(node: Node) -> Any:
+def _evaluate(node: SpecNode) -> Any:
     op, args = node.op, node.args
     if op in ("text", "scalar"):
         return args[0]
@@ -434,19 +434,19 @@ def dump_json(value: JsonValue) -> bytes:
         pos = end + len(b'\\u0000"')
 
 
-def splices_raw(node: Node) -> bool:
+def splices_raw(node: SpecNode) -> bool:
     """Whether ``node`` splices ``$raw_json`` text (so its JSON may be malformed)."""
     if node.op == "$raw_json":
         return True
-    children: list[Node] = []
+    children: list[SpecNode] = []
     for arg in node.args:
-        if isinstance(arg, Node):
+        if isinstance(arg, SpecNode):
             children.append(arg)
         elif isinstance(arg, tuple):
             for item in arg:
-                if isinstance(item, Node):
+                if isinstance(item, SpecNode):
                     children.append(item)
-                elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Node):
+                elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], SpecNode):
                     children.append(item[1])
     return any(splices_raw(child) for child in children)
 
@@ -457,16 +457,16 @@ def check_out(bound: int, what: str) -> None:
         raise GeneratorError(f"{what} may produce {bound} bytes; the cap is {MAX_OUT_BYTES}")
 
 
-def json_bound(node: Node) -> int:
+def json_bound(node: SpecNode) -> int:
     """Bound on the bytes of :func:`materialise_json` of ``node``."""
     return _value_out(node)
 
 
-def materialise_json(node: Node) -> bytes:
+def materialise_json(node: SpecNode) -> bytes:
     """The compact JSON text of a text or JSON node."""
     return dump_json(_evaluate(node))
 
 
-def materialise_bytes(node: Node) -> bytes:
+def materialise_bytes(node: SpecNode) -> bytes:
     """The bytes of a text (UTF-8) or bytes node."""
     return b"".join(_chunks(node))

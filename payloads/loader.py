@@ -181,7 +181,7 @@ class FindingCost:
 @dataclass(frozen=True)
 class _HeaderSpec:
     name: str
-    value: gen.Node
+    value: gen.SpecNode
     count: int
 
 
@@ -189,7 +189,7 @@ class _HeaderSpec:
 class _BodySpec:
     mode: Literal["bytes", "json_node", "bytes_node"]
     data: bytes = b""
-    node: gen.Node | None = None
+    node: gen.SpecNode | None = None
 
 
 @dataclass(frozen=True, eq=False)

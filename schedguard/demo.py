@@ -60,7 +60,7 @@ __all__ = [
 # The write-up's payload, verbatim: 1024 openers, 512 closers, ~9.7 KB.
 SEED_TEMPLATE = "{{" * 1024 + "system_prompt}}" * 512
 
-Progress = Callable[[str], None]
+ProgressCallback = Callable[[str], None]
 _DEFAULT_CONFIG = DemoConfig()  # frozen: sharing it is safe
 
 
@@ -183,7 +183,7 @@ class _Running:
         self.servers: list[RunningServer] = []
         self.model = "ref"
 
-    def ensure_up(self, progress: Progress) -> None:
+    def ensure_up(self, progress: ProgressCallback) -> None:
         if self.servers and all(s.alive() for s in self.servers):
             return
         self.stop()
@@ -342,7 +342,7 @@ def run_demo(
     *,
     deployments: Sequence[Deployment] = DEPLOYMENTS,
     payloads: Sequence[DemoRequest] = PAYLOADS,
-    progress: Progress = _stderr,
+    progress: ProgressCallback = _stderr,
 ) -> list[Row]:
     """Send every payload to every deployment; return one row per (deployment, payload)."""
     rows: list[Row] = []

@@ -19,7 +19,7 @@ from guard.budget import Budget
 from guard.errors import LimitExceeded, TemplateError
 from guard.template_scan import TEMPLATE_DEPTH_EXCEEDED, check_template
 
-from ._placeholder_syntax import Arena, Node, Text, parse
+from ._placeholder_syntax import Arena, TemplatePart, Text, parse
 
 # Error codes introduced here (the scan adds template_depth_exceeded and template_unbalanced).
 TEMPLATE_TOO_LARGE = "template_too_large"
@@ -69,7 +69,7 @@ class _RenderFrame:
 
     def __init__(
         self,
-        nodes: list[Node],
+        nodes: list[TemplatePart],
         sink: _Sink,
         *,
         target: _Sink | None = None,
@@ -95,11 +95,11 @@ class _Engine:
         self.budget = budget
         self.arena = Arena()
         self.source_bytes = 0
-        self.parsed: dict[str, list[Node]] = {}
+        self.parsed: dict[str, list[TemplatePart]] = {}
 
     # ------------------------------------------------------------------------------- sources
 
-    def load(self, source: str, param: str) -> list[Node]:
+    def load(self, source: str, param: str) -> list[TemplatePart]:
         """Check (per the policy) and parse one template source: the template or a value."""
         policy = self.policy
         limit = policy.max_source_bytes
@@ -124,7 +124,7 @@ class _Engine:
             self.budget.charge_steps(scan.placeholders)
         return parse(source, self.arena, lenient=policy.lenient)
 
-    def value_nodes(self, name: str, value: object) -> list[Node]:
+    def value_nodes(self, name: str, value: object) -> list[TemplatePart]:
         nodes = self.parsed.get(name)
         if nodes is None:
             if not isinstance(value, str):
@@ -169,7 +169,7 @@ class _Engine:
 
     # ----------------------------------------------------------------------------- rendering
 
-    def render(self, root: list[Node]) -> tuple[str, int]:
+    def render(self, root: list[TemplatePart]) -> tuple[str, int]:
         policy = self.policy
         budget = self.budget
         variables = self.variables

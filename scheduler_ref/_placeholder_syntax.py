@@ -42,10 +42,10 @@ class Placeholder:
     """``{{ ... }}``: its parts render to the variable's name (inner placeholders first)."""
 
     offset: int
-    parts: list[Node] = field(default_factory=list)
+    parts: list[TemplatePart] = field(default_factory=list)
 
 
-Node = Text | Placeholder
+TemplatePart = Text | Placeholder
 
 
 class Arena:
@@ -59,7 +59,7 @@ class Arena:
     __slots__ = ("nodes", "tokens")
 
     def __init__(self) -> None:
-        self.nodes: list[Node] = []
+        self.nodes: list[TemplatePart] = []
         self.tokens = bytearray()
 
     def text(self, text: str) -> Text:
@@ -74,9 +74,9 @@ class Arena:
         return node
 
 
-def parse(template: str, arena: Arena, *, lenient: bool) -> list[Node]:
+def parse(template: str, arena: Arena, *, lenient: bool) -> list[TemplatePart]:
     """Parse ``template`` into a list of nodes allocated from ``arena``."""
-    root: list[Node] = []
+    root: list[TemplatePart] = []
     open_: list[Placeholder] = []  # placeholders whose closer has not been read yet
     parts = root
     pos = 0

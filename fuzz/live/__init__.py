@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from fuzz._exceptions import RemoteTargetRefused, TargetUnreachable
 from fuzz.live._campaign import LiveOptions, find_listener, is_url, run_live_campaign
-from fuzz.live._http import HttpClient, RateLimiter, Reply, discover_model, require_loopback
+from fuzz.live._http import HttpClient, Reply, RequestPacer, discover_model, require_loopback
 from fuzz.live._monitor import Health, RssMonitor, parse_prometheus_rss
-from fuzz.live._mutator import RequestMutator, Scheduler
+from fuzz.live._mutator import CorpusScheduler, RequestMutator
 from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured, error_signature, extract_usage
 from fuzz.live._record import LiveRecorder, payload_class, shape_signature
 from fuzz.live._replay import LiveReplay, replay_live
@@ -33,6 +33,7 @@ from fuzz.live._target import LiveTarget, live_target_name
 __all__ = [
     "BUILTIN_SEEDS",
     "OPERATORS",
+    "CorpusScheduler",
     "Health",
     "HttpClient",
     "LiveBudgets",
@@ -43,12 +44,11 @@ __all__ = [
     "LiveRequest",
     "LiveTarget",
     "Measured",
-    "RateLimiter",
     "RemoteTargetRefused",
     "Reply",
     "RequestMutator",
+    "RequestPacer",
     "RssMonitor",
-    "Scheduler",
     "TargetUnreachable",
     "discover_model",
     "error_signature",

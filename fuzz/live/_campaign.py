@@ -39,13 +39,13 @@ from fuzz.engines._run import EngineRun, RunOptions
 from fuzz.findings import FindingSet, known_causes
 from fuzz.live._http import (
     HttpClient,
-    RateLimiter,
+    RequestPacer,
     discover_model,
     require_loopback,
     split_url,
 )
 from fuzz.live._monitor import Health, RssMonitor
-from fuzz.live._mutator import RequestMutator, Scheduler
+from fuzz.live._mutator import CorpusScheduler, RequestMutator
 from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured
 from fuzz.live._record import LiveRecorder
 from fuzz.live._request import LiveRequest, load_seeds
@@ -165,7 +165,7 @@ class _Live:
         for url in (opts.target, opts.guard, opts.metrics_url):
             if url is not None:
                 require_loopback(url, allow_remote=opts.allow_remote)
-        self.limiter = RateLimiter(opts.max_rps)
+        self.limiter = RequestPacer(opts.max_rps)
         headers = dict(opts.headers)
         self.upstream = HttpClient(
             opts.target, limiter=self.limiter, timeout_s=opts.timeout_s, headers=headers
@@ -215,7 +215,7 @@ class _Live:
             output_cap=opts.output_cap,
             max_body_bytes=opts.max_body_bytes,
         )
-        self.scheduler = Scheduler(
+        self.scheduler = CorpusScheduler(
             self.mutator, self.mutator.seeds, benign_parents=0.8 if self.guard is not None else 0.3
         )
         kind: TargetKind = "vulnerable" if opts.expect_findings else "hardened"

@@ -1,7 +1,7 @@
 """HTTP to a live server: loopback check, a global request-rate bound, a keep-alive client.
 
 Everything a live campaign sends (fuzzed requests, dry runs, health checks, minimisation
-tests) goes through one :class:`RateLimiter`, so ``--max-rps`` bounds the campaign's own load
+tests) goes through one :class:`RequestPacer`, so ``--max-rps`` bounds the campaign's own load
 on the server whatever it is doing. :class:`HttpClient` keeps one connection per thread and
 reports every exchange as a :class:`Reply`: an HTTP status and body, or why there is none
 (``refused``: nothing listens; ``dropped``: the connection closed or reset before an answer;
@@ -23,7 +23,7 @@ from typing import Any
 
 from fuzz._exceptions import RemoteTargetRefused
 
-__all__ = ["HttpClient", "RateLimiter", "Reply", "discover_model", "require_loopback", "split_url"]
+__all__ = ["HttpClient", "Reply", "RequestPacer", "discover_model", "require_loopback", "split_url"]
 
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 _READ_CHUNK = 1 << 16
@@ -65,7 +65,7 @@ def require_loopback(url: str, *, allow_remote: bool) -> None:
     )
 
 
-class RateLimiter:
+class RequestPacer:
     """At most ``max_rps`` acquisitions per second, spaced evenly (no bursts), shared by every
     thread of the campaign. ``sent`` counts them."""
 
@@ -146,7 +146,7 @@ class HttpClient:
         self,
         base_url: str,
         *,
-        limiter: RateLimiter,
+        limiter: RequestPacer,
         timeout_s: float = 60.0,
         connect_timeout_s: float = 5.0,
         headers: Mapping[str, str] | None = None,

@@ -7,7 +7,7 @@ sendable: the target's model name, a small output cap unless an operator chose o
 campaign measures what the request makes the server read and build, not how long a random model
 talks), and the size cap.
 
-:class:`Scheduler` decides what is sent next: every seed once (benign ones first), then
+:class:`CorpusScheduler` decides what is sent next: every seed once (benign ones first), then
 children of the seeds and of the costliest requests so far (rank-biased, as the in-process
 search engine's queue), with a benign seed re-sent now and then.
 """
@@ -25,7 +25,7 @@ from typing import Any
 from fuzz.live._request import LiveRequest, collect_texts
 from fuzz.live._shapes import OPERATORS, OUTPUT_FIELDS, Context, raw_nest
 
-__all__ = ["RequestMutator", "Scheduler"]
+__all__ = ["CorpusScheduler", "RequestMutator"]
 
 _OUTPUT_CAPS = (1, 2, 4, 8, 16)
 _MAX_LINEAGE = 12
@@ -154,7 +154,7 @@ def _cap_output(body: dict[str, Any], rng: random.Random, limit: int) -> None:
         body["max_tokens"] = rng.choice(_OUTPUT_CAPS)
 
 
-class Scheduler:
+class CorpusScheduler:
     """What to send next; safe to share between threads. ``score`` feedback (higher: costlier)
     keeps the top ``capacity`` requests as parents; ``benign_parents``: the share of seed
     parents drawn from the benign seeds."""

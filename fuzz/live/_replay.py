@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.findings import cause_of
-from fuzz.live._http import HttpClient, RateLimiter, discover_model, require_loopback
+from fuzz.live._http import HttpClient, RequestPacer, discover_model, require_loopback
 from fuzz.live._monitor import Health
 from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured
 from fuzz.live._request import LiveRequest
@@ -73,7 +73,7 @@ def replay_live(
     for url in (target, guard):
         if url is not None:
             require_loopback(url, allow_remote=allow_remote)
-    limiter = RateLimiter(max_rps)
+    limiter = RequestPacer(max_rps)
     upstream = HttpClient(target, limiter=limiter, timeout_s=timeout_s, headers=dict(headers))
     gclient = (
         HttpClient(guard, limiter=limiter, timeout_s=timeout_s, headers=dict(headers))

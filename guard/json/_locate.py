@@ -16,7 +16,7 @@ from typing import Any
 
 from guard.json._pattern import StructureScan
 
-Path = list[str | int]
+JsonPath = list[str | int]
 
 _WS = re.compile(rb"[ \t\n\r]*")
 _KEY = re.compile(rb'[ \t\n\r]*"[^"]*"[ \t\n\r]*:[ \t\n\r]*')
@@ -34,7 +34,9 @@ MAX_KEY_CHARS = 32  # longer keys are cut in paths
 MAX_PATH_CHARS = 160  # longer paths keep their tail
 
 
-def path_at(scan_body: bytes, body: bytes, offset: int, structure: StructureScan) -> Path | None:
+def path_at(
+    scan_body: bytes, body: bytes, offset: int, structure: StructureScan
+) -> JsonPath | None:
     """The path of the innermost value containing byte ``offset``.
 
     ``scan_body`` is the neutralised (and verified-marked) body the scan ran on; ``body`` the
@@ -46,8 +48,8 @@ def path_at(scan_body: bytes, body: bytes, offset: int, structure: StructureScan
         return None
 
 
-def _path_at(scan: bytes, body: bytes, offset: int, structure: StructureScan) -> Path:
-    path: Path = []
+def _path_at(scan: bytes, body: bytes, offset: int, structure: StructureScan) -> JsonPath:
+    path: JsonPath = []
     pos = _skip_ws(scan, 0)
     while True:
         if pos >= len(scan) or scan[pos] not in b"[{" or offset <= pos:
@@ -175,10 +177,10 @@ def nth_object_end(scan: bytes, n: int, endpos: int | None = None) -> int:
     return -1 if m is None else m.end() - 1
 
 
-def long_array_path(root: Any, max_length: int) -> tuple[Path, int] | None:
+def long_array_path(root: Any, max_length: int) -> tuple[JsonPath, int] | None:
     """The path and length of the first array longer than ``max_length``, walking iteratively."""
     is_container = _CONTAINERS.__contains__
-    stack: list[tuple[Any, Path]] = [(root, [])]
+    stack: list[tuple[Any, JsonPath]] = [(root, [])]
     while stack:
         value, path = stack.pop()
         if type(value) is list:
@@ -186,7 +188,7 @@ def long_array_path(root: Any, max_length: int) -> tuple[Path, int] | None:
                 return path, len(value)
             # compress/map select the nested containers in C; scalars are never visited.
             found = compress(range(len(value)), map(is_container, map(type, value)))
-            children: Sequence[tuple[Any, Path]] = [(value[i], [*path, i]) for i in found]
+            children: Sequence[tuple[Any, JsonPath]] = [(value[i], [*path, i]) for i in found]
         elif type(value) is dict:
             keys = compress(value, map(is_container, map(type, value.values())))
             children = [(value[k], [*path, k]) for k in keys]
@@ -196,7 +198,7 @@ def long_array_path(root: Any, max_length: int) -> tuple[Path, int] | None:
     return None
 
 
-def format_path(path: Path | None) -> str | None:
+def format_path(path: JsonPath | None) -> str | None:
     """``messages[3].content``; odd keys in brackets; long keys and paths cut; root is None."""
     if not path:
         return None

@@ -26,10 +26,10 @@ from fuzz.live import (
     LiveBudgets,
     LiveOptions,
     LiveRequest,
-    RateLimiter,
     RemoteTargetRefused,
     Reply,
     RequestMutator,
+    RequestPacer,
     RssMonitor,
     error_signature,
     extract_usage,
@@ -176,7 +176,7 @@ def test_cli_refuses_a_remote_target_and_a_dead_one(capsys: pytest.CaptureFixtur
 
 
 def test_rate_limiter_spaces_requests_across_threads() -> None:
-    limiter = RateLimiter(100.0)
+    limiter = RequestPacer(100.0)
     start = time.monotonic()
 
     def take() -> None:
@@ -370,7 +370,7 @@ def test_a_token_refusal_over_the_upstream_s_own_count_is_not_a_false_positive()
 
 
 def test_rss_monitor_reads_processes_and_metrics(fake: Fake) -> None:
-    limiter = RateLimiter(100)
+    limiter = RequestPacer(100)
     metrics = HttpClient(fake.url, limiter=limiter)
     monitor = RssMonitor([fake.pid], metrics, "/metrics")
     total = monitor.sample()
