@@ -27,6 +27,7 @@ from fastapi import FastAPI
 
 from guard.app import create_app
 from guard.http import configure as configure_head_limit
+from guard.http import raise_nofile_limit
 from guard.policy import Policy, load_policy
 from guard.telemetry import AccessLog
 from guard.telemetry._multiprocess import ENV as METRICS_DIR_ENV
@@ -44,7 +45,8 @@ def app_from_env(env: Mapping[str, str] | None = None) -> FastAPI:
     env = os.environ if env is None else env
     policy = load_policy(env.get(POLICY_ENV) or None, env)
     body = policy.limits.body
-    configure_head_limit(body.max_header_bytes, body.max_header_count)
+    raise_nofile_limit()  # before the connection cap is sized from it
+    configure_head_limit(body.max_header_bytes, body.max_header_count, policy.limits.connections)
     return create_app(
         policy,
         access_log=AccessLog(policy.observability.access_log, stream=sys.stderr),
@@ -67,6 +69,8 @@ def uvicorn_config(
         "lifespan": "on",
         "log_level": log_level,
         "access_log": False,  # the guard writes its own, structured
+        # The protocol keeps its own keep-alive and head timers (limits.connections); this is
+        # uvicorn's, for a protocol without them.
         "timeout_keep_alive": 5,
         # Streams in flight get this long to finish on shutdown, then are cut.
         "timeout_graceful_shutdown": 10,
@@ -94,6 +98,8 @@ def run(
             workers,
             workers,
         )
+    soft, hard = raise_nofile_limit()  # inherited by the workers
+    _log.info("open files: %s (hard limit %s)", soft, hard)
     with _metrics_dir(workers):
         uvicorn.run(
             "guard.server:app_from_env",

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from guard.errors import ClientDisconnected, UpstreamError
 from guard.http._client import UpstreamConfig
+from guard.http._connections import (
+    ConnectionLimits,
+    raise_nofile_limit,
+)
 from guard.http._disconnect import (
     DISCONNECT_EXTENSION,
     DisconnectHook,
@@ -19,6 +23,7 @@ from guard.http._framing import (
 from guard.http._protocol import (
     configure,
     head_refusals,
+    protocol_with,
 )
 from guard.http._sse_relay import (
     SseRelay,
@@ -38,6 +43,7 @@ __all__ = [
     "HOP_BY_HOP",
     "PROBE_HEADER",
     "ClientDisconnected",
+    "ConnectionLimits",
     "DisconnectHook",
     "FramingLimits",
     "RequestHead",
@@ -51,6 +57,8 @@ __all__ = [
     "head_refusals",
     "inspect_head",
     "max_model_len_of",
+    "protocol_with",
+    "raise_nofile_limit",
     "read_body",
     "response_headers",
 ]

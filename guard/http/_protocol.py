@@ -17,6 +17,12 @@ the app learns of a disconnect without a task waiting on ``receive()``.
 And it holds each response's head until the body's first write so that both leave in one system
 call (:class:`_HeadCork`): about 8% of the guard's CPU per proxied request at 32 connections.
 
+And it enforces the connection limits (:mod:`guard.http._connections`): a head timeout from a
+connection's opening (uvicorn has none: a connection that sends nothing stays open), its own
+keep-alive timer, and caps on open connections per peer address and per process, checked as
+each connection opens (an old connection between requests is closed to make room, else the new
+one is refused at once with an OpenAI error body).
+
 Use it with ``uvicorn.run(..., http="guard.http._protocol:GuardHttpToolsProtocol")``.
 """
 
@@ -28,10 +34,17 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from guard.errors import GuardError
+from guard.errors import GuardError, Overloaded, RateLimited
+from guard.http._connections import ConnectionLimits, ConnectionTable, effective_max_connections
 from guard.http._disconnect import DISCONNECT_EXTENSION, DisconnectHook
 
-__all__ = ["GuardHttpToolsProtocol", "configure", "head_refusals"]
+__all__ = [
+    "GuardHttpToolsProtocol",
+    "configure",
+    "connection_table",
+    "head_refusals",
+    "protocol_with",
+]
 
 # Room for the request line (method, URL, version) on top of the policy's header bytes.
 URL_ALLOWANCE = 8192 + 256
@@ -50,17 +63,54 @@ def head_refusals() -> dict[str, int]:
     return dict(_REFUSED)
 
 
-def configure(max_header_bytes: int, max_header_count: int | None = None) -> None:
+def configure(
+    max_header_bytes: int,
+    max_header_count: int | None = None,
+    connections: ConnectionLimits | None = None,
+) -> None:
     """Set the caps for every connection of this process (each uvicorn worker calls it)."""
     GuardHttpToolsProtocol.max_head_bytes = max_header_bytes + URL_ALLOWANCE
     if max_header_count is not None:
         GuardHttpToolsProtocol.max_headers = max_header_count
+    if connections is not None:
+        GuardHttpToolsProtocol.connection_limits = connections
+        GuardHttpToolsProtocol.max_connections = effective_max_connections(connections)
+
+
+def protocol_with(connections: ConnectionLimits) -> type[GuardHttpToolsProtocol]:
+    """The protocol with these connection limits (for a server of its own: tests, benches)."""
+    return type(
+        "GuardHttpToolsProtocol",
+        (GuardHttpToolsProtocol,),
+        {
+            "connection_limits": connections,
+            "max_connections": effective_max_connections(connections),
+        },
+    )
+
+
+_TABLE_ATTR = "schedguard_connections"
+
+
+def connection_table(server_state: Any) -> ConnectionTable:
+    """The connection table of one uvicorn server (kept on its ``ServerState``)."""
+    table = getattr(server_state, _TABLE_ATTR, None)
+    if table is None:
+        table = ConnectionTable()
+        setattr(server_state, _TABLE_ATTR, table)
+    return table
+
+
+# What a deadline closes a waiting connection for.
+_HEAD, _IDLE, _DRAIN = "head", "idle", "drain"
 
 
 class GuardHttpToolsProtocol(HttpToolsProtocol):
     max_head_bytes: ClassVar[int] = 16384 + URL_ALLOWANCE
     max_headers: ClassVar[int] = 100
     cork_response_head: ClassVar[bool] = True
+    connection_limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    max_connections: ClassVar[int] = ConnectionLimits().max_connections
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,13 +118,116 @@ class GuardHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_lines = 0
         self._tail = b""
+        self.timeout_keep_alive = self.connection_limits.keep_alive_timeout_s  # type: ignore[assignment]
+        self.peer = ""
+        self._table: ConnectionTable | None = None  # None: not counted (refused, closed)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_kind = _HEAD
+        self._message_done = False
+
+    # -- connection limits --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        client = self.client
+        self.peer = client[0] if client else "local"
+        table = connection_table(self.server_state)
+        limits = self.connection_limits
+        full = table.admit(self.peer, limits.max_connections_per_peer, self.max_connections)
+        if full is not None:
+            self._refuse_connection(full == "peer")
+            return
+        self._table = table
+        table.add(self)
+        self._wait(_HEAD, limits.head_timeout_s)
+
+    def _refuse_connection(self, peer_cap: bool) -> None:
+        err: GuardError
+        if peer_cap:
+            err = RateLimited(
+                "too_many_connections",
+                f"this address has {self.connection_limits.max_connections_per_peer} "
+                "connections open, all in requests",
+                headers={"retry-after": "1"},
+            )
+        else:
+            err = Overloaded(
+                "server_connection_limit",
+                f"the guard has {self.max_connections} connections open, all in requests",
+                headers={"retry-after": "1"},
+            )
+        _REFUSED[err.code] = _REFUSED.get(err.code, 0) + 1
+        self.transport.write(error_response(err))
+        self.transport.close()
+
+    def evict(self) -> None:
+        """Closed to make room for a new connection (the table has let go of it already)."""
+        self._table = None
+        self._cancel_deadline()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _wait(self, kind: str, timeout: float) -> None:
+        """Between requests: evictable, and closed after ``timeout`` unless a head completes."""
+        table = self._table
+        if table is None:
+            return
+        table.waiting(self)
+        self._arm(kind, timeout)
+
+    def _arm(self, kind: str, timeout: float) -> None:
+        self._cancel_deadline()
+        self._deadline_kind = kind
+        self._deadline = self.loop.call_later(timeout, self._deadline_passed)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self._deadline_kind == _HEAD and self._head_bytes:
+            limit = self.connection_limits.head_timeout_s
+            _REFUSED["head_timeout"] = _REFUSED.get("head_timeout", 0) + 1
+            err = GuardError(
+                "head_timeout",
+                f"the request head did not arrive within {limit:g} s",
+                status=408,
+            )
+            self.transport.write(error_response(err))
+        self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()  # this protocol's own timers instead
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            return  # a pipelined request started
+        limits = self.connection_limits
+        if self._message_done:
+            self._wait(_IDLE, limits.keep_alive_timeout_s)
+        else:
+            # The answer is out but the body is still coming: it has the head's time to end.
+            self._wait(_DRAIN, limits.head_timeout_s)
+
+    # -- requests -----------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._message_done = False
         extensions: dict[str, Any] = {DISCONNECT_EXTENSION: DisconnectHook()}
         self.scope["extensions"] = extensions
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_deadline()
+        table, self._table = self._table, None
+        if table is not None:
+            table.remove(self)
         cycle = self.cycle
         super().connection_lost(exc)
         if cycle is not None and not cycle.response_complete:
@@ -84,19 +237,32 @@ class GuardHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._message_done = True
         self._in_head = True  # whatever comes next on this connection is a new head
         self._head_bytes = 0
         self._head_lines = 0
         self._tail = b""
+        cycle = self.cycle
+        if self._deadline_kind == _DRAIN and cycle is not None and cycle.response_complete:
+            # The rest of a body answered early has come: idle until the next request.
+            self._wait(_IDLE, self.connection_limits.keep_alive_timeout_s)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._cancel_deadline()
+        if self._table is not None:
+            self._table.busy(self)
         super().on_headers_complete()
         cycle = self.cycle
         if self.cork_response_head and cycle is not None:
             cycle.transport = _HeadCork(self.transport, self.loop)  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self._table is None or self.transport.is_closing():
+            return  # refused or evicted: nothing more is read
+        if self._deadline_kind == _IDLE and self._deadline is not None:
+            # The first byte of the next request: its head has the head timeout from now.
+            self._arm(_HEAD, self.connection_limits.head_timeout_s)
         if self._in_head:
             # Only the bytes up to the blank line that ends the head count; a body sent in the
             # same packet does not. The previous chunk's last 3 bytes catch a split marker.
@@ -138,11 +304,12 @@ def error_response(err: GuardError) -> bytes:
     """A whole ``connection: close`` response with ``err``'s OpenAI error body, for the server
     protocol to write itself (no app behind it)."""
     body = json.dumps(err.to_body(), separators=(",", ":")).encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in err.headers.items())
     head = (
         f"HTTP/1.1 {err.status} {_REASONS.get(err.status, 'Error')}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
-        "connection: close\r\n\r\n"
+        f"{extra}connection: close\r\n\r\n"
     ).encode()
     return head + body
 
@@ -151,6 +318,7 @@ _REASONS = {
     400: "Bad Request",
     408: "Request Timeout",
     414: "URI Too Long",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     503: "Service Unavailable",
 }

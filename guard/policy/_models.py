@@ -23,7 +23,7 @@ from pydantic.fields import FieldInfo
 from guard._limits import LIMITS_CONFIG, NonNegInt, PosFloat, PosInt
 from guard.admission import ConcurrencyLimits, RateLimits
 from guard.guided import GuidedLimits
-from guard.http import FramingLimits, UpstreamConfig
+from guard.http import ConnectionLimits, FramingLimits, UpstreamConfig
 from guard.jinja import SAFE_TEMPLATE_KWARGS, ChatTemplateLimits
 from guard.json import JsonLimits
 
@@ -423,6 +423,10 @@ class MultimodalPolicy(Section):
 
 
 class LimitsPolicy(Section):
+    connections: ConnectionLimits = Field(
+        default_factory=lambda: ConnectionLimits(),
+        description="Client connections: head and keep-alive timeouts, open-connection caps.",
+    )
     body: FramingLimits = Field(
         default_factory=lambda: FramingLimits(), description="HTTP framing limits."
     )
