@@ -22,39 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from schedguard._argtypes import positive_float, positive_int, whole
+
 __all__ = ["add_parser", "run"]
 
 ENGINE_CHOICES = ("search", "atheris", "hypothesis", "all")
 # Where `fuzz run` writes when --out is not given: a directory under the current one (out/ is
 # where `schedguard load` writes too), never the installed package.
 DEFAULT_OUT = Path("out") / "fuzz"
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -140,14 +115,14 @@ def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     run.add_argument(
         "--duration",
-        type=_positive_float,
+        type=positive_float,
         default=60.0,
         metavar="SECONDS",
         help="how long the campaign runs, in total (default: 60)",
     )
     run.add_argument(
         "--jobs",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="parallel workers: search threads, libFuzzer fork-mode jobs (hypothesis runs "
@@ -163,7 +138,7 @@ def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     run.add_argument(
         "--seed",
-        type=_int,
+        type=whole,
         default=None,
         metavar="N",
         help="seed of the engines' random choices, recorded with each finding (default: "
@@ -180,7 +155,7 @@ def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--no-save", action="store_true", help="do not save findings as payload files")
     run.add_argument(
         "--minimise-s",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="SECONDS",
         help="minimisation time per finding (default: a third of --duration, between 5 and 20)",
@@ -237,28 +212,28 @@ def _add_live(run: argparse.ArgumentParser) -> None:
     )
     live.add_argument(
         "--max-rps",
-        type=_positive_float,
+        type=positive_float,
         default=50.0,
         metavar="R",
         help="the campaign's own request rate, at most (every request it sends)",
     )
     live.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=60.0,
         metavar="SECONDS",
         help="no answer within this long is a hang",
     )
     live.add_argument(
         "--max-latency",
-        type=_positive_float,
+        type=positive_float,
         default=20.0,
         metavar="SECONDS",
         help="an answer slower than this is a finding (confirmed by sending it again alone)",
     )
     live.add_argument(
         "--max-rss-growth-mb",
-        type=_positive_float,
+        type=positive_float,
         default=512.0,
         metavar="MB",
         help="resident memory growth during one request above this is a finding (with --pid or "
@@ -288,14 +263,14 @@ def _add_live(run: argparse.ArgumentParser) -> None:
     )
     live.add_argument(
         "--max-restarts",
-        type=_positive_int,
+        type=positive_int,
         default=20,
         metavar="N",
         help="with --restart-cmd: restart the server at most this many times, then stop",
     )
     live.add_argument(
         "--dead-wait",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         metavar="SECONDS",
         help="how long to wait for a server that went down to answer its health check again",
@@ -329,14 +304,14 @@ def _add_live(run: argparse.ArgumentParser) -> None:
     )
     live.add_argument(
         "--max-body-kb",
-        type=_positive_int,
+        type=positive_int,
         default=1024,
         metavar="KB",
         help="the largest request body sent (larger seeds and children are left out)",
     )
     live.add_argument(
         "--max-minimise-tests",
-        type=_positive_int,
+        type=positive_int,
         default=200,
         metavar="N",
         help="requests the minimiser may send per finding",

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schedguard._argtypes import fraction, positive_float, positive_int
+
 __all__ = ["COSTS", "add_parser", "locust_argv", "run", "split_users", "upstream_main"]
 
 # Simulated step times (seconds): a decode step of a mid-size model on one GPU takes ~12 ms plus
@@ -42,27 +44,6 @@ COSTS: dict[str, dict[str, float]] = {
 _START_TIMEOUT_S = 60.0
 _LOCUST_GRACE_S = 90.0
 MB = 1 << 20
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,11 +58,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--duration", type=_positive, default=60.0, help="seconds of load")
-    p.add_argument("--users", type=_count, default=10, help="benign users")
+    p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of load")
+    p.add_argument("--users", type=positive_int, default=10, help="benign users")
     p.add_argument(
         "--attack-share",
-        type=_fraction,
+        type=fraction,
         default=0.3,
         help="share of the traffic that attacks: attackers are added beside the benign users",
     )
@@ -117,7 +98,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="steady",
         help="how the user count changes over the run (loadtests/README.md)",
     )
-    p.add_argument("--user-rps", type=_positive, default=0.5, help="requests/s per user")
+    p.add_argument("--user-rps", type=positive_float, default=0.5, help="requests/s per user")
     p.add_argument("--processes", type=int, default=0, help="locust worker processes (0: one)")
     p.add_argument("--policy", help="guard policy file; without it loadtests/policy.yaml")
     p.add_argument(
@@ -126,14 +107,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="gpu",
         help="simulated step cost of the upstream: 'gpu' sleeps a GPU's step time, 'none' not",
     )
-    p.add_argument("--upstream-mem-limit-mb", type=_count, default=1024, help="RLIMIT_AS")
-    p.add_argument("--guard-mem-limit-mb", type=_count, default=2048, help="RLIMIT_AS")
+    p.add_argument("--upstream-mem-limit-mb", type=positive_int, default=1024, help="RLIMIT_AS")
+    p.add_argument("--guard-mem-limit-mb", type=positive_int, default=2048, help="RLIMIT_AS")
     p.add_argument("--baseline", help="slo.json of an earlier run: gate the benign p99 ratio")
-    p.add_argument("--p99-ms", type=_positive, help="benign p99 latency SLO")
-    p.add_argument("--max-p99-ratio", type=_positive, help="p99 / baseline p99 SLO")
-    p.add_argument("--max-guard-rss-mb", type=_positive, help="guard peak RSS SLO")
-    p.add_argument("--max-upstream-rss-mb", type=_positive, help="upstream peak RSS SLO")
-    p.add_argument("--max-rss-slope", type=_positive, help="RSS slope SLO, MB/min (soaks)")
+    p.add_argument("--p99-ms", type=positive_float, help="benign p99 latency SLO")
+    p.add_argument("--max-p99-ratio", type=positive_float, help="p99 / baseline p99 SLO")
+    p.add_argument("--max-guard-rss-mb", type=positive_float, help="guard peak RSS SLO")
+    p.add_argument("--max-upstream-rss-mb", type=positive_float, help="upstream peak RSS SLO")
+    p.add_argument("--max-rss-slope", type=positive_float, help="RSS slope SLO, MB/min (soaks)")
     p.add_argument(
         "--seed",
         type=int,

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from schedguard import __version__, _fuzz_cli, _load_cli
+from schedguard._argtypes import non_negative_int, port, positive_float, positive_int
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -64,34 +65,6 @@ def iter_parsers(
                 yield from iter_parsers(sub)
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"not a port: {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="schedguard",
@@ -112,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="limits profile: 'vulnerable' has none (the seed's engine), 'hardened' the patch",
     )
     ref.add_argument("--host", default="127.0.0.1", help="interface to bind")
-    ref.add_argument("--port", type=_port, default=8000, help="TCP port to bind")
+    ref.add_argument("--port", type=port, default=8000, help="TCP port to bind")
     ref.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="uvicorn log level")
     ref.add_argument(
         "--keep-running-on-memory-error",
@@ -134,14 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     demo.add_argument(
-        "--mem-limit-mb", type=_positive_int, default=1024, help="RLIMIT_AS of each server (MiB)"
+        "--mem-limit-mb", type=positive_int, default=1024, help="RLIMIT_AS of each server (MiB)"
     )
     demo.add_argument(
-        "--timeout-s", type=_positive_float, default=20.0, help="wall-clock limit per request"
+        "--timeout-s", type=positive_float, default=20.0, help="wall-clock limit per request"
     )
     demo.add_argument(
         "--steady-requests",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=50,
         help=(
             "after a refusal, this many more requests on the same kept-alive connection: their "
@@ -151,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
     demo.add_argument(
         "--port-base",
-        type=_port,
+        type=port,
         default=0,
         help="first TCP port for the servers (one per server); 0 picks free ports",
     )
@@ -193,10 +166,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="policy YAML file; without it $SCHEDGUARD_POLICY, else the built-in policy",
     )
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind")
-    serve.add_argument("--port", type=_port, default=8080, help="TCP port to bind")
-    serve.add_argument(
-        "--workers", type=_positive_int, default=1, help="worker processes (uvicorn)"
-    )
+    serve.add_argument("--port", type=port, default=8080, help="TCP port to bind")
+    serve.add_argument("--workers", type=positive_int, default=1, help="worker processes (uvicorn)")
     serve.add_argument(
         "--redis",
         metavar="URL",
@@ -205,7 +176,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="uvicorn log level")
     serve.add_argument(
         "--upstream-mem-limit-mb",
-        type=_positive_int,
+        type=positive_int,
         default=2048,
         help="RLIMIT_AS of the embedded reference scheduler (MiB)",
     )
