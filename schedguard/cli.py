@@ -14,11 +14,16 @@ schedguard fuzz list [--json] | run --target NAME [--engine E] [--duration S] [-
 Every option has help text; a default is shown once (by the formatter, or in the help's own
 words). A command that needs an optional dependency which is not installed says in one line
 which extra installs it (``pip install 'schedguard[load]'``) and exits 2.
+Output into a pipe whose reader has gone (``schedguard fuzz list | head -1``) ends the command
+quietly, with status 141 as for SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -305,16 +310,48 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse enforces choices
 
 
+# The exit status of a command whose output pipe was closed, as the shell reports SIGPIPE.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return _dispatch(args)
-    except ModuleNotFoundError as exc:
-        message = missing_extra(exc)
-        if message is None:
-            raise
-        print(f"schedguard {args.command}: {message}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        try:
+            return _dispatch(args)
+        except ModuleNotFoundError as exc:
+            message = missing_extra(exc)
+            if message is None:
+                raise
+            print(f"schedguard {args.command}: {message}", file=sys.stderr)
+            return 2
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise  # a socket's, not the output's
+        return _quiet_broken_pipe()
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe nobody reads any more (``schedguard ... | head -1``)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _quiet_broken_pipe() -> int:
+    """Exit as CLIs do when their reader has gone: no traceback, status 141. Standard output is
+    pointed at /dev/null so that flushing it at exit does not fail again (Python's own advice,
+    the "Note on SIGPIPE" of the signal module's documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":
