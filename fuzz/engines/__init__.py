@@ -50,6 +50,8 @@ _MODULES: dict[str, str] = {
     "hypothesis": "fuzz.engines.hypothesis_engine",
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(_MODULES)
+# The extra of pyproject.toml that installs what an engine imports (named when it is missing).
+_EXTRAS: dict[str, str] = {"atheris": "fuzz", "hypothesis": "fuzz"}
 _REGISTERED: dict[str, EngineFn] = {}
 _RUN_NAMES = frozenset({"EngineResult", "EngineRun", "Progress", "RunOptions"})
 
@@ -83,7 +85,7 @@ def get_engine(name: str) -> EngineFn:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EngineUnavailable(f"fuzz engine {name!r} cannot be loaded: {exc}") from exc
+        raise EngineUnavailable(_unloadable(name, exc)) from exc
     if name not in _REGISTERED:
         fn = getattr(module, "run_engine", None)
         if fn is None:
@@ -94,6 +96,18 @@ def get_engine(name: str) -> EngineFn:
         hint = getattr(module, "INSTALL_HINT", "")
         raise EngineUnavailable(f"fuzz engine {name!r} is not available here. {hint}".strip())
     return _REGISTERED[name]
+
+
+def _unloadable(name: str, exc: ImportError) -> str:
+    """One line: what is missing and, for an engine from an extra, the command that installs
+    it."""
+    extra = _EXTRAS.get(name)
+    if extra is None or exc.name is None:
+        return f"fuzz engine {name!r} cannot be loaded: {exc}"
+    return (
+        f"fuzz engine {name!r} needs {exc.name.partition('.')[0]}, which is not installed: "
+        f"pip install 'schedguard[{extra}]'"
+    )
 
 
 def available_engines() -> list[str]:

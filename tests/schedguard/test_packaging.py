@@ -303,11 +303,6 @@ def test_atheris_says_which_extra(env: Env, tmp_path: Path) -> None:
     _one_line_naming(proc, "fuzz")
 
 
-@pytest.mark.xfail(
-    reason="fuzz/engines/__init__.py reports the hypothesis engine's ImportError without the "
-    "extra that installs it (the fuzz package's message, not the command's)",
-    strict=False,
-)
 def test_hypothesis_says_which_extra(plain_env: Env, tmp_path: Path) -> None:
     proc = plain_env.run(
         "fuzz", "run", "--target", "placeholder-hardened", "--engine", "hypothesis",
