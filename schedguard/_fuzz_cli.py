@@ -1,6 +1,8 @@
 """``schedguard fuzz``: list the targets, run a campaign, replay payload files.
 
-- ``fuzz list [--json]``: each target with what it exercises, its kind and its budgets;
+- ``fuzz list [--json]``: each target with what it exercises, its kind and its budgets, the
+  structured-output backend targets included (one whose backend is not installed names the
+  extra that installs it);
 - ``fuzz run --target NAME [--engine atheris|hypothesis|search|all] [--duration S] [--jobs N]
   [--out DIR] [--seed N]``: a campaign with a live progress line; reports, the engines'
   working files and the findings' payload files in ``--out`` (``out/fuzz/TARGET`` by default,
@@ -356,13 +358,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _list(as_json: bool) -> int:
-    from fuzz import FAILS_CI, REGISTRY
+    """The built-in targets, then the structured-output backend targets (their native backends
+    come from an extra: one that is not installed here says which)."""
+    from fuzz.targets import BACKEND_TARGETS, FAILS_CI, REGISTRY, get_target
 
+    targets = [*REGISTRY.values(), *(get_target(name) for name in BACKEND_TARGETS)]
     rows: list[dict[str, Any]] = []
-    for name, t in REGISTRY.items():
+    for t in targets:
+        available = getattr(t, "available", None)
+        installed = available is None or bool(available())
         rows.append(
             {
-                "name": name,
+                "name": t.name,
                 "kind": t.kind,
                 "fails_ci": t.kind in FAILS_CI,
                 "description": t.description,
@@ -370,6 +377,8 @@ def _list(as_json: bool) -> int:
                 "isolated_by_default": t.isolate_by_default,
                 "max_size": int(getattr(t, "max_size", 0)),
                 "budgets": t.budgets.to_dict(),
+                "installed": installed,
+                "missing": None if installed else getattr(t, "missing_message", str)(),
             }
         )
     if as_json:
@@ -389,6 +398,8 @@ def _list(as_json: bool) -> int:
         print(f"    {r['description']}")
         print(f"    exercises: {r['exercises']}")
         print(f"    budgets:   {', '.join(budgets)}")
+        if r["missing"]:
+            print(f"    not runnable here: {r['missing']}")
     return 0
 
 

@@ -114,6 +114,27 @@ def test_cli_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert "exercises:" in capsys.readouterr().out
 
 
+def test_cli_list_shows_the_backend_targets(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The structured-output backend targets are listed too; one whose backend is not
+    installed says which extra installs it."""
+    from fuzz.targets import BACKEND_TARGETS, get_target
+
+    xgrammar = get_target("backend-xgrammar")
+    monkeypatch.setattr(xgrammar, "available", lambda: False)
+    assert main(["fuzz", "list", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(BACKEND_TARGETS) <= set(rows)
+    assert not rows["backend-xgrammar"]["installed"]
+    assert "pip install 'schedguard[backends-xgrammar]'" in rows["backend-xgrammar"]["missing"]
+    assert rows["guard-pipeline"]["installed"] and rows["guard-pipeline"]["missing"] is None
+    assert main(["fuzz", "list"]) == 0
+    text = capsys.readouterr().out
+    assert "backend-outlines  [guard" in text and "backend-guidance  [guard" in text
+    assert "not runnable here: xgrammar is not installed" in text
+
+
 def test_cli_run_writes_reports_and_gates(tmp_path: Path) -> None:
     out = tmp_path / "ok"
     args = ["fuzz", "run", "--engine", "search", "--duration", "1.5", "--seed", "1", "--quiet"]
