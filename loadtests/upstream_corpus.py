@@ -1,0 +1,458 @@
+"""The whole ``payloads/`` corpus against a real upstream (vLLM, llama-cpp-python), sent straight
+to it or through the guard, one payload at a time, with what each did to the upstream.
+
+Used by ``tests/e2e/test_corpus_e2e.py`` (through the guard: no 5xx, the upstream alive, its
+RSS bounded, benign payloads served) and ``bench/corpus_upstreams.py`` (the table of harmed /
+contained per attack class, unguarded and guarded).
+
+Each payload is sent as its file frames it (:func:`loadtests.httpclient.send_raw`: headers,
+chunking, declared lengths, slow pieces), its ``model`` rewritten to the served model's name.
+Around it the upstream's process tree is measured from ``/proc``: its peak RSS is the sum of
+``VmHWM`` over the tree (reset before each payload through ``clear_refs``, so it is the peak
+during that payload; an upper bound of the tree's peak, since each process peaks on its own),
+and after it the upstream must answer ``GET /v1/models`` and its process must live.
+
+A payload *harms* the upstream when (any of): the answer is a 5xx that is not the server's own
+way of refusing input (llama-cpp-python answers pydantic validation errors with 500); the
+upstream died (``crash``); it stopped answering (``hang``: no answer in the timeout, or no
+health within ``recover_s`` after); its peak RSS went over ``rss_budget_mb`` above its RSS
+after start; or the answer took over ``latency_budget_s`` (not for payloads whose own transport
+is slow: the slow-loris and stalled bodies). A dead or hung upstream is restarted (by the
+caller's :class:`UpstreamHandle`) before the next payload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from loadtests.httpclient import send_raw
+from payloads.loader import CLASSES, Payload
+
+__all__ = [
+    "LLAMACPP_REFUSAL",
+    "Budgets",
+    "ClassSummary",
+    "Outcome",
+    "ScriptUpstream",
+    "UpstreamHandle",
+    "healthy",
+    "prepare",
+    "run_corpus",
+    "run_payload",
+    "summarize",
+    "tree_memory",
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "upstreams" / "upstreams.py"
+CORPUS_MODEL = b'"schedguard-ref"'
+# llama-cpp-python 0.3.36 answers a body its pydantic models refuse with 500 "N validation
+# error(s) for ...": its refusal of invalid input, not a fault (fuzz.live's campaigns agree).
+LLAMACPP_REFUSAL = re.compile(rb"\d+ validation errors?\b")
+_MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What the upstream may spend on one payload before it counts as harmed."""
+
+    latency_budget_s: float = 10.0
+    timeout_s: float = 60.0
+    rss_budget_mb: float = 512.0
+    recover_s: float = 30.0
+    stalled_timeout_s: float = 20.0
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (through ``/proc/PID/task/TID/children``)."""
+    seen: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+    return seen
+
+
+def _status_kb(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of ``pid``'s process tree, summed, in bytes."""
+    pids = process_tree(pid)
+    rss = sum(_status_kb(p, "VmRSS") for p in pids)
+    hwm = sum(_status_kb(p, "VmHWM") for p in pids)
+    return rss * 1024, hwm * 1024
+
+
+def reset_peaks(pid: int) -> None:
+    """Reset ``VmHWM`` to the current RSS in the whole tree (``echo 5 > clear_refs``)."""
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{p}/clear_refs", "w") as f:
+            f.write("5")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def healthy(base_url: str, timeout_s: float = 5.0) -> bool:
+    """``GET /v1/models`` answers 200 now."""
+    host, _, port = base_url.removeprefix("http://").rstrip("/").partition(":")
+    conn = http.client.HTTPConnection(host, int(port or 80), timeout=timeout_s)
+    try:
+        conn.request("GET", "/v1/models")
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            conn.close()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class UpstreamHandle(Protocol):
+    """The upstream being measured: its base URL and pid (they may change on a restart)."""
+
+    name: str
+    base_url: str
+
+    @property
+    def pid(self) -> int: ...
+
+    def restart(self) -> None: ...
+
+
+class ScriptUpstream:
+    """An upstream started (and restarted) by ``scripts/upstreams/upstreams.py`` on a fixed
+    port under its memory cap (``--mem-limit-mb``; the script's default when None)."""
+
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        *,
+        mem_limit_mb: int | None = None,
+        ready_timeout_s: float = 360.0,
+        python: str = sys.executable,
+    ) -> None:
+        self.name = name
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.mem_limit_mb = mem_limit_mb
+        self.ready_timeout_s = ready_timeout_s
+        self.python = python
+        self.record: dict[str, Any] = {}
+        self.restarts = 0
+
+    @property
+    def pid(self) -> int:
+        return int(self.record.get("pid", 0))
+
+    @property
+    def model(self) -> str:
+        return str(self.record.get("model", "tiny-llama"))
+
+    @property
+    def tokenizer_json(self) -> Path:
+        """The model's ``tokenizer.json`` (next to the HF model, or to the GGUF file)."""
+        done = self._script("path", self.name, "--model", timeout=60)
+        model = Path(done.stdout.strip())
+        return (model if model.is_dir() else model.parent) / "tokenizer.json"
+
+    def _script(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.python, str(SCRIPT), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def start(self) -> None:
+        args = ["start", self.name, "--port", str(self.port), "--host", "127.0.0.1",
+                "--background", "--json", "--ready-timeout", str(int(self.ready_timeout_s))]  # fmt: skip
+        if self.mem_limit_mb is not None:
+            args += ["--mem-limit-mb", str(self.mem_limit_mb)]
+        done = self._script(*args, timeout=self.ready_timeout_s + 60)
+        if done.returncode != 0:
+            raise RuntimeError(f"{self.name} did not start: {done.stderr[-4000:]}")
+        self.record = json.loads(done.stdout.strip().splitlines()[-1])
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Stop it (SIGTERM, SIGKILL after ``grace_s``) and wait until its tree is gone and
+        its port can be listened on again."""
+        pids = process_tree(self.pid) if self.pid else []
+        self._script("stop", self.name, "--port", str(self.port), "--timeout", str(grace_s),
+                     timeout=grace_s + 120)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            any(pid_alive(p) for p in pids) or not _port_free(self.port)
+        ):
+            time.sleep(0.2)  # waiting for the killed server to release its port
+
+    def restart(self) -> None:
+        """A dead or hung server: killed after 5 s of SIGTERM (a hung one never ends its
+        request), then started again on the same port."""
+        self.stop(grace_s=5.0)
+        self.restarts += 1
+        self.start()
+
+    def __enter__(self) -> ScriptUpstream:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class Outcome:
+    """One payload sent once. ``status`` 0: no answer (``error`` says why). ``harm``: why it
+    counts as harming the upstream (empty when contained); ``peak_rss_mb``: the upstream tree's
+    peak during the payload."""
+
+    id: str
+    class_: str
+    kind: str
+    endpoint: str
+    expect_status: int
+    expect_code: str | None
+    status: int
+    code: str | None
+    error: str | None
+    elapsed_s: float
+    peak_rss_mb: float
+    rss_after_mb: float
+    alive_after: bool
+    harm: list[str] = field(default_factory=list)
+    message: str = ""
+
+    @property
+    def harmed(self) -> bool:
+        return bool(self.harm)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _slow_transport(payload: Payload) -> bool:
+    t = payload.transport
+    return t is not None and (bool(t.chunk_delay_s) or isinstance(t.content_length, int))
+
+
+def prepare(payload: Payload, model: str) -> tuple[list[tuple[str, str]], bytes]:
+    """The payload's headers and body with the corpus's model name replaced by ``model``
+    (bytes for bytes, so malformed and deep bodies stay exactly as they are otherwise)."""
+    body = payload.body_bytes().replace(CORPUS_MODEL, json.dumps(model).encode())
+    return payload.header_items(), body
+
+
+def _code(body: bytes) -> tuple[str | None, str]:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None, body[:300].decode("utf-8", "replace")
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        code = err.get("code") if isinstance(err.get("code"), str) else err.get("type")
+        return (str(code) if code is not None else None), str(err.get("message", ""))[:300]
+    if isinstance(data, dict) and "detail" in data:
+        return None, str(data["detail"])[:300]
+    return None, ""
+
+
+def run_payload(
+    payload: Payload,
+    target_url: str,
+    upstream: UpstreamHandle,
+    *,
+    model: str,
+    budgets: Budgets,
+    baseline_rss_mb: float,
+    refusal_5xx: re.Pattern[bytes] | None = None,
+) -> Outcome:
+    """Send ``payload`` once to ``target_url`` (the upstream itself or a guard in front of it)
+    and judge what it did to ``upstream``; restarts ``upstream`` when it died or hung."""
+    headers, body = prepare(payload, model)
+    slow = _slow_transport(payload)
+    timeout = budgets.stalled_timeout_s if slow else budgets.timeout_s
+    pid = upstream.pid
+    reset_peaks(pid)
+    resp = send_raw(
+        target_url,
+        payload.method,
+        payload.endpoint,
+        headers,
+        body,
+        payload.transport,
+        timeout_s=timeout,
+        hold_s=timeout,
+    )
+    _, hwm = tree_memory(pid)
+    code, message = _code(resp.body) if resp.status >= 400 else (None, "")
+    harm: list[str] = []
+    if resp.status >= 500 and not (refusal_5xx is not None and refusal_5xx.search(resp.body)):
+        harm.append(f"{resp.status}")
+    if resp.status == 0 and resp.error == "timeout" and not slow:
+        harm.append("hang")
+    if not slow and resp.elapsed_s > budgets.latency_budget_s:
+        harm.append("latency")
+    alive = pid_alive(pid)
+    if alive:
+        deadline = time.monotonic() + budgets.recover_s
+        while not (ok := healthy(upstream.base_url)) and time.monotonic() < deadline:
+            if not pid_alive(pid):
+                break
+            time.sleep(0.5)  # waiting for a busy upstream to answer its health check again
+        alive = ok
+    if not pid_alive(pid):
+        harm.append("crash")
+    elif not alive and "hang" not in harm:
+        harm.append("hang")
+    peak_mb = hwm / _MB
+    if peak_mb > baseline_rss_mb + budgets.rss_budget_mb:
+        harm.append("rss")
+    rss_after, _ = tree_memory(pid) if alive else (0, 0)
+    outcome = Outcome(
+        id=payload.id,
+        class_=payload.class_,
+        kind=payload.kind,
+        endpoint=payload.endpoint,
+        expect_status=payload.expect.status,
+        expect_code=payload.expect.code,
+        status=resp.status,
+        code=code,
+        error=resp.error,
+        elapsed_s=round(resp.elapsed_s, 3),
+        peak_rss_mb=round(peak_mb, 1),
+        rss_after_mb=round(rss_after / _MB, 1),
+        alive_after=alive,
+        harm=harm,
+        message=message or (resp.error or ""),
+    )
+    if not alive:
+        upstream.restart()
+    return outcome
+
+
+def run_corpus(
+    payloads: Iterable[Payload],
+    target_url: str,
+    upstream: UpstreamHandle,
+    *,
+    model: str,
+    budgets: Budgets = Budgets(),
+    refusal_5xx: re.Pattern[bytes] | None = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
+) -> list[Outcome]:
+    """:func:`run_payload` for each payload in turn; the RSS budget is over the upstream's RSS
+    before the first payload (and after each restart)."""
+    out: list[Outcome] = []
+    baseline = tree_memory(upstream.pid)[0] / _MB
+    for payload in payloads:
+        pid = upstream.pid
+        o = run_payload(
+            payload,
+            target_url,
+            upstream,
+            model=model,
+            budgets=budgets,
+            baseline_rss_mb=baseline,
+            refusal_5xx=refusal_5xx,
+        )
+        if upstream.pid != pid:
+            baseline = tree_memory(upstream.pid)[0] / _MB
+        out.append(o)
+        if on_outcome is not None:
+            on_outcome(o)
+    return out
+
+
+@dataclass
+class ClassSummary:
+    """One class's payloads against one configuration."""
+
+    class_: str
+    payloads: int = 0
+    harmed: int = 0
+    harms: Counter[str] = field(default_factory=Counter)
+    harmed_ids: list[str] = field(default_factory=list)
+    statuses: Counter[int] = field(default_factory=Counter)
+    peak_rss_mb: float = 0.0
+    worst_latency_s: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        return "harmed" if self.harmed else "contained"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "class": self.class_,
+            "payloads": self.payloads,
+            "harmed": self.harmed,
+            "verdict": self.verdict,
+            "harms": dict(self.harms),
+            "harmed_ids": self.harmed_ids,
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "peak_rss_mb": self.peak_rss_mb,
+            "worst_latency_s": self.worst_latency_s,
+        }
+
+
+def summarize(outcomes: Sequence[Outcome]) -> list[ClassSummary]:
+    """Per class (THREATS.md order, then benign): payloads, harmed, peak RSS, worst latency."""
+    by: dict[str, ClassSummary] = {c: ClassSummary(c) for c in (*CLASSES, "benign")}
+    for o in outcomes:
+        s = by.setdefault(o.class_, ClassSummary(o.class_))
+        s.payloads += 1
+        s.statuses[o.status] += 1
+        s.peak_rss_mb = max(s.peak_rss_mb, o.peak_rss_mb)
+        s.worst_latency_s = max(s.worst_latency_s, o.elapsed_s)
+        if o.harmed:
+            s.harmed += 1
+            s.harms.update(o.harm)
+            s.harmed_ids.append(o.id)
+    return [s for s in by.values() if s.payloads]
