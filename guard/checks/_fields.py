@@ -98,7 +98,7 @@ def requested_output(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[str, 
         value = lax_int(body.get(name))
         if value is None:
             continue
-        if value < 0:  # llama.cpp: -1 is unlimited
+        if value <= 0:  # llama.cpp: -1 is unlimited; llama-cpp-python: 0 and below too
             return name, value
         if found is None or value > found[1]:
             found = (name, value)
@@ -113,7 +113,7 @@ def effective_output(body: Mapping[str, Any], endpoint: Endpoint, policy: Policy
     if requested is None:
         return tokens.default_max_tokens if endpoint in INJECT_FIELD else None
     value = requested[1]
-    return value if 0 <= value <= tokens.max_output_tokens else tokens.max_output_tokens
+    return value if 0 < value <= tokens.max_output_tokens else tokens.max_output_tokens
 
 
 def prompt_items(value: Any) -> list[Any] | None:

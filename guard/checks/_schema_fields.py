@@ -271,6 +271,73 @@ def tools(value: Any, path: Path) -> None:
                 raise _type_error((*at, "function", "name"), "a string")
 
 
+def named_tool_choice(body: dict[str, Any]) -> None:
+    """A ``tool_choice`` object makes vLLM 0.32 look the name up in the raw ``tools``, before
+    its request model validates them (``check_tool_usage``): ``tool["function"]["name"]`` on
+    each tool up to the one named. A tool there without a ``function`` object (``{}``, a custom
+    tool, ``"function": null``) is a KeyError or TypeError: a 500. Refused here, in vLLM's
+    order (tools after the named one are not read there)."""
+    choice = body.get("tool_choice")
+    tools = body.get("tools")
+    if not isinstance(choice, dict) or not isinstance(tools, list):
+        return
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        return  # vLLM refuses these itself (400)
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or "name" not in fn:
+            raise _value_error(
+                ("tools", i),
+                "has no function with a name, and tool_choice names a function (vLLM looks "
+                "the name up in every tool before it: a 500)",
+            )
+        if fn["name"] == name:
+            return
+
+
+_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def structured_output_field(body: dict[str, Any]) -> str | None:
+    """The field that makes vLLM constrain this request's output with a grammar, if any:
+    ``structured_outputs`` (any constraint), the legacy ``guided_*``, a ``response_format``
+    other than text, a ``tool_choice`` of ``required`` or a named function."""
+    so = body.get("structured_outputs")
+    if isinstance(so, dict) and any(v is not None for v in so.values()):
+        return "structured_outputs"
+    for name in _GUIDED_FIELDS:
+        if body.get(name) is not None:
+            return name
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") not in (None, "text"):
+        return "response_format"
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return "tool_choice"
+    return None
+
+
+def token_mask_combination(body: dict[str, Any]) -> None:
+    """vLLM 0.32 masks tokens for ``allowed_token_ids`` and ``bad_words`` and again for the
+    structured-output grammar, and validates neither against the other: when no token is
+    left that both allow (a few ids, or banned words that are the grammar's only way on), the
+    sampler draws a token the grammar rejects and the engine terminates the request, a 500
+    ("grammar rejected tokens"). Whether the sets meet depends on the vocabulary and the
+    grammar, which the guard does not model, so the combination is refused."""
+    for name in ("allowed_token_ids", "bad_words"):
+        if not body.get(name):
+            continue
+        other = structured_output_field(body)
+        if other is not None:
+            raise _value_error(
+                (name,),
+                f"cannot be combined with structured output ({other}): vLLM fails the "
+                "request (a 500) when no token is left that both allow",
+            )
+
+
 def typed_object(value: Any, path: Path) -> None:
     """An object with a string ``type`` (``response_format``)."""
     obj(value, path)

@@ -86,6 +86,10 @@ def check_schema(view: RequestView, policy: Policy) -> CheckResult | None:
             raise GuardError(
                 "invalid_value", f"send either {first} or {second}, not both", param=second
             )
+    if view.endpoint == "chat":
+        fields.named_tool_choice(body)
+    if view.endpoint in ("chat", "completions"):
+        fields.token_mask_combination(body)
     n, best_of = body.get("n"), body.get("best_of")
     if type(n) is int and type(best_of) is int and best_of < n:
         raise GuardError("invalid_value", "best_of must be >= n", param="best_of")

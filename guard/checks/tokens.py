@@ -137,19 +137,27 @@ def _output_cap(
     cap = tokens.max_output_tokens
     for name in output_fields(endpoint):
         value = lax_int(body.get(name))
-        if value is None or 0 <= value <= cap:
+        if value is None or 0 < value <= cap:
             continue
+        # 0 and negative values are no cap at all to llama-cpp-python (it generates to the
+        # end of its context) and -1 is "unlimited" to llama.cpp's n_predict.
         if tokens.over_max_output == "clamp":
             mutations.append(Mutation((name,), cap, "max_output_tokens"))
             continue
-        shown = f"{value} (unlimited)" if value < 0 else str(value)
+        shown = f"{value} (unlimited)" if value <= 0 else str(value)
         raise LimitExceeded(
             "max_tokens_exceeded", f"{name} is {shown}; the limit is {cap}", param=name
         )
     requested = requested_output(body, endpoint)
-    if requested is not None:
-        return min(max(requested[1], 0), cap) if requested[1] >= 0 else cap
     inject = INJECT_FIELD.get(endpoint)
+    if requested is not None:
+        output = min(requested[1], cap) if requested[1] > 0 else cap
+        if inject is not None and lax_int(body.get(inject)) is None:
+            # Only another field caps the output (max_completion_tokens, n_predict,
+            # max_new_tokens): llama-cpp-python reads max_tokens alone, and without it
+            # generates to the end of its context. Every upstream reads max_tokens.
+            mutations.append(Mutation((inject,), output, "max_tokens_missing"))
+        return output
     if inject is None:
         return None
     mutations.append(Mutation((inject,), tokens.default_max_tokens, "default_max_tokens"))

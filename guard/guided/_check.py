@@ -16,14 +16,16 @@ request, anything over explicit limits:
 - grammars (llama.cpp ``grammar``, ``guided_grammar``, ``structured_outputs.grammar``, SGLang
   ``ebnf``): length, nesting (llama.cpp recurses once per group), rule count, ``{m,n}``
   repetition, and a nullable body under ``*`` / ``+`` (llama.cpp issue 18988), see
-  :mod:`guard.guided._grammar_scan`;
+  :mod:`guard.guided._grammar_scan`; the ``grammar`` field (llama-cpp-python's) is also parsed
+  as llama.cpp parses it (:mod:`guard.guided._gbnf`): what it refuses crashes the server;
 - choice lists (``guided_choice``, ``structured_outputs.choice``): count and total characters;
 - the same inside structural tags, TGI's ``grammar`` object, the Responses API's
   ``text.format`` and custom tools' ``format``.
 
 Codes: ``guided_regex_{too_long,invalid,unsafe}``, ``guided_schema_{too_deep,too_large,
 invalid}``, ``guided_grammar_{too_deep,too_large,unsafe,invalid}``,
-``guided_choice_{too_large,invalid}``; ``*_invalid`` is a :class:`~guard.errors.GuardError`,
+``guided_choice_{too_large,invalid}``, ``guided_schema_grammar_{invalid,too_large}`` (the
+grammar llama-cpp-python makes of a schema, :mod:`guard.guided._llamacpp`); ``*_invalid`` is a :class:`~guard.errors.GuardError`,
 the rest :class:`~guard.errors.LimitExceeded`, all HTTP 400.
 
 Everything is a pure function of (request body, :class:`~guard.guided.GuidedLimits`); refusals carry a stable
@@ -41,8 +43,10 @@ from typing import Any, NoReturn
 from urllib.parse import unquote
 
 from guard.errors import GuardError, LimitExceeded, RegexRejected
+from guard.guided._gbnf import GbnfLimits, parse_gbnf
 from guard.guided._grammar_scan import scan_gbnf, scan_nesting
 from guard.guided._limits import GuidedLimits
+from guard.guided._llamacpp import llama_cpp_schemas, schema_grammar_problem
 from guard.guided._re2 import re2_program_size
 from guard.guided._regex_scan import UNSAFE, scan_regex
 from guard.guided._schema_facts import (
@@ -902,8 +906,35 @@ def _check_grammar(ctx: _Ctx, text: Any, path: _Path, *, gbnf_only: bool) -> Non
         )
         if not gbnf_only:
             scan_nesting(text, max_depth=limits.max_grammar_depth)
+        else:  # llama.cpp's own reading: what its parser refuses crashes llama-cpp-python
+            parse_gbnf(
+                text,
+                GbnfLimits(
+                    max_depth=limits.max_grammar_depth,
+                    max_elements=limits.max_grammar_elements,
+                    max_steps=limits.max_grammar_steps,
+                    max_left_depth=limits.max_grammar_left_depth,
+                ),
+            )
     except RegexRejected as e:
+        if e.code == "guided_grammar_invalid":
+            _invalid(e.code, e.message, path)
         _limit(e.code, e.message, path)
+
+
+def _check_llama_cpp_schemas(ctx: _Ctx, body: Mapping[str, Any]) -> None:
+    """The grammars llama-cpp-python would make of the request's schemas (after the schema
+    limits, so the converter only sees bounded schemas)."""
+    if not ctx.limits.llama_cpp_schemas:
+        return
+    for schema, path in llama_cpp_schemas(body):
+        problem = schema_grammar_problem(schema, ctx.limits)
+        if problem is None:
+            continue
+        message = f"the grammar llama-cpp-python makes of this schema: {problem.message}"
+        if problem.code == "guided_grammar_invalid":
+            _invalid("guided_schema_grammar_invalid", message, path)
+        _limit("guided_schema_grammar_too_large", message, path)
 
 
 # ---- choices and structural tags ---------------------------------------------------------------
@@ -1019,6 +1050,7 @@ def check_guided_decoding(
             _check_tools(ctx, entries, field)
     _check_structural_tag(ctx, body.get("structural_tag"), ("structural_tag",))
     _check_structural_tag(ctx, _get(so, "structural_tag"), ("structured_outputs", "structural_tag"))
+    _check_llama_cpp_schemas(ctx, body)
 
 
 def _check_grammars(ctx: _Ctx, body: Mapping[str, Any], so: Any) -> None:

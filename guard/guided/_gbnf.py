@@ -403,6 +403,7 @@ class _Parser:
                         raise _Invalid("a rule referenced but not defined")
         if "root" not in self.symbol_ids:
             raise _Invalid("no 'root' rule")
+        self.check_hidden_left_recursion(size)
         self.check_left_recursion(size)
 
     def check_hidden_left_recursion(self, size: int) -> None:
@@ -412,15 +413,32 @@ class _Parser:
         anything after it pushes that continuation on every turn and the stacks grow until
         memory runs out (``term ::= ws expr ")"``, ``expr ::= term ...``: std::bad_alloc)."""
         rules = self.rules
+        # Nullability by a worklist: a rule is nullable once one alternative has only
+        # nullable references left.
+        waiting: list[list[tuple[int, int]]] = [[] for _ in range(size)]
+        missing: dict[tuple[int, int], int] = {}
         nullable = [False] * size
-        changed = True
-        while changed:
-            changed = False
-            for rid in range(size):
-                if not nullable[rid] and any(
-                    all(ref >= 0 and nullable[ref] for ref, _, _ in alt) for alt in rules[rid]
-                ):
-                    nullable[rid] = changed = True
+        todo: list[int] = []
+        for rid in range(size):
+            for a, alt in enumerate(rules[rid]):
+                if any(ref < 0 for ref, _, _ in alt):
+                    continue
+                refs = {ref for ref, _, _ in alt}
+                if not refs:
+                    if not nullable[rid]:
+                        nullable[rid] = True
+                        todo.append(rid)
+                    continue
+                missing[(rid, a)] = len(refs)
+                for ref in refs:
+                    waiting[ref].append((rid, a))
+        while todo:
+            done = todo.pop()
+            for key in waiting[done]:
+                missing[key] -= 1
+                if missing[key] == 0 and not nullable[key[0]]:
+                    nullable[key[0]] = True
+                    todo.append(key[0])
         edges: list[list[int]] = [[] for _ in range(size)]
         growing: list[tuple[int, int]] = []
         for rid in range(size):
@@ -458,7 +476,6 @@ class _Parser:
                         continue
                     edges[rid].append((ref, 1))
                     break
-        self.check_hidden_left_recursion(size)
         # Cycle detection and costs, iteratively (post-order DFS).
         state = [0] * size  # 0 new, 1 on the path, 2 done
         calls = [0] * size

@@ -89,6 +89,41 @@ class GuidedLimits:
     max_grammar_repeat_total: PosInt = Field(
         default=10_000, description="Largest sum of `{m,n}` counts in one grammar."
     )
+    # llama.cpp's GBNF parser (guard/guided/_gbnf.py): a grammar it refuses crashes
+    # llama-cpp-python, so the `grammar` field is read as llama.cpp reads it.
+    max_grammar_elements: PosInt = Field(
+        default=262_144,
+        description="Most elements llama.cpp builds of one grammar (characters of literals and "
+        "classes, rule references, 4 a rule), after unrolling `{m,n}`: "
+        '`"<30 KB>"{2000}` is 60 million.',
+    )
+    max_grammar_steps: PosInt = Field(
+        default=100_000,
+        description="Most calls of llama.cpp's left-recursion check on one grammar (it has no "
+        "memo: `a0 ::= a1 | a1`, `a1 ::= a2 | a2`, ... costs 2^n; the number also bounds the "
+        "parse stacks it builds at the start).",
+    )
+    max_grammar_left_depth: PosInt = Field(
+        default=4096,
+        description="Longest chain of rule references at the left of rules (llama.cpp's "
+        "left-recursion check recurses along it on its native stack).",
+    )
+    llama_cpp_schemas: bool = Field(
+        default=True,
+        description="Build the grammar llama-cpp-python 0.3.36 makes of a JSON schema "
+        "(`response_format` `json_object` with a `schema`, the `parameters` of the tool or "
+        "function that `tool_choice` / `function_call` names) with its own converter, and "
+        "refuse the schema (`guided_schema_grammar_invalid`) when llama.cpp could not parse "
+        'that grammar (it crashes): a `pattern` such as `"^\\d+$"` (copied as `"\\d"`, an '
+        "escape GBNF does not have), a `minLength` over 2,000, a `\\b` in a constant. "
+        "`false` in front of vLLM only (it reads those schemas itself).",
+    )
+    max_schema_grammar_depth: PosInt = Field(
+        default=4096,
+        description="Deepest group nesting in the grammar llama-cpp-python makes of a schema "
+        "(a `maxLength` or `maxItems` of n nests n groups; llama.cpp's parser overflows its "
+        "8 MB thread stack at ~19,250).",
+    )
     # Structured-output backends (see guard/guided/_backends.py and bench/README.md).
     backends: tuple[Literal["xgrammar", "guidance", "outlines"], ...] = Field(
         default=("xgrammar", "guidance", "outlines"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
 import re
 from functools import cached_property
 from typing import Any, Literal
@@ -337,7 +338,9 @@ class FanoutPolicy(Section):
     max_prompts: PosInt = Field(
         default=64,
         description="Most prompts in a list-valued `prompt` or embeddings `input` (each is a "
-        "sequence; vLLM GHSA-3mwp-wvh9-7528).",
+        "sequence; vLLM GHSA-3mwp-wvh9-7528). Set it to 1 in front of llama-cpp-python: its "
+        '/v1/completions asserts at most one prompt (`prompt: ["a", "b"]` is an empty '
+        "500), `prompts_exceeded` is the 400 instead.",
     )
     max_stop_sequences: PosInt = Field(
         default=4,
@@ -659,6 +662,90 @@ class ObservabilityPolicy(Section):
     )
 
 
+# -- admin: health and metrics ------------------------------------------------------------------
+
+
+_LISTEN = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
+
+
+class AdminPolicy(Section):
+    """Who may read ``/metrics`` (tenant names and their token counts) and where."""
+
+    listen: str | None = Field(
+        default=None,
+        description="`HOST:PORT` of a separate admin listener serving `/healthz`, `/readyz` "
+        "and `/metrics` only (Envoy's admin port; `schedguard serve --admin-port`). Bind it "
+        "to an interface only operators reach (`127.0.0.1`, a pod's own address). Set, "
+        "`/metrics` is no longer served on the public port (404 `not_found`); `/healthz` and "
+        "`/readyz` still are. With `--workers N` every worker listens on it (`SO_REUSEPORT`) "
+        "and each answers for all. `null`: none.",
+    )
+    metrics_key_sha256: str | None = Field(
+        default=None,
+        description="SHA-256 hex digest of a bearer token that opens `/metrics` on the public "
+        "port (`Authorization: Bearer <token>`; `printf %s TOKEN | sha256sum`). No tenant's "
+        "key does. A scrape without it, or with another, gets 401 `admin_key_required` "
+        "(unless its address is in `metrics_allow`).",
+    )
+    metrics_allow: tuple[str, ...] = Field(
+        default=(),
+        description="Peer addresses or networks (`10.0.0.0/8`, `::1`) that may read `/metrics` "
+        "on the public port without a token. The peer is the TCP peer: behind a proxy on the "
+        "same host, every client is the proxy's address, so do not list it then.",
+    )
+    metrics_open: bool | None = Field(
+        default=None,
+        description="Whether `/metrics` on the public port needs nothing. `null` (default): "
+        "open while the policy lists no `keys` and sets neither `metrics_key_sha256` nor "
+        "`metrics_allow` (all traffic is the one `anonymous` tenant); once keys exist, only a "
+        "scrape with the token or from an allowed address is answered, others get 401 "
+        "`admin_key_required` (a token is configured) or 403 `metrics_forbidden`. `true`: "
+        "open whatever the keys (tenant names and their token counts to anyone who can reach "
+        "the port).",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            match = _LISTEN.fullmatch(value)
+            if match is None or not 0 < int(match["port"]) < 65536:
+                raise ValueError("must be HOST:PORT (e.g. 127.0.0.1:9090 or [::1]:9090)")
+        return value
+
+    @field_validator("metrics_key_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is not None:
+            value = value.lower()
+            if not _SHA256.fullmatch(value):
+                raise ValueError("must be 64 hexadecimal digits")
+        return value
+
+    @field_validator("metrics_allow")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item[:60]!r} is not an address or network") from None
+        return value
+
+    @cached_property
+    def allowed_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(item, strict=False) for item in self.metrics_allow)
+
+    @property
+    def listen_address(self) -> tuple[str, int] | None:
+        """``listen`` as (host, port), brackets removed from an IPv6 host."""
+        if self.listen is None:
+            return None
+        match = _LISTEN.fullmatch(self.listen)
+        assert match is not None
+        return match["host"].strip("[]"), int(match["port"])
+
+
 # -- the policy -------------------------------------------------------------------------------
 
 
@@ -692,6 +779,11 @@ class Policy(Section):
     )
     observability: ObservabilityPolicy = Field(
         default_factory=lambda: ObservabilityPolicy(), description="Logs."
+    )
+    admin: AdminPolicy = Field(
+        default_factory=lambda: AdminPolicy(),
+        description="Health and metrics: a separate admin listener, or who may scrape "
+        "`/metrics` on the public port (closed to others once keys exist).",
     )
 
     @field_validator("routes")
