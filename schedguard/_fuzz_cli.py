@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -441,16 +442,12 @@ def _run(args: argparse.Namespace) -> int:
         f"{report.duration_s:.1f} s, {len(report.findings)} finding(s)"
         + ("" if ttff is None else f", first after {ttff:.2f} s")
     )
-    for f in report.findings:
-        c = f.cost_after
-        print(
-            f"  {f.cause}: {len(f.original)} -> {f.size_bytes} bytes, {c.busy_s:.3f} s, "
-            f"{c.peak_mem_bytes / (1 << 20):.1f} MiB, {c.steps} steps -> {f.path or '(not saved)'}"
-        )
-    print(f"reports in {out}/ (report.json, junit.xml, report.sarif, summary.md)")
-    if report.exit_status:
-        print(f"FAIL: {report.target} is a {report.kind} target and has findings", file=sys.stderr)
-    return report.exit_status
+    return _print_findings(
+        report,
+        out,
+        lambda c: f"{c.busy_s:.3f} s, {c.peak_mem_bytes / (1 << 20):.1f} MiB, {c.steps} steps",
+        f"{report.target} is a {report.kind} target and has findings",
+    )
 
 
 def _run_live(args: argparse.Namespace) -> int:
@@ -520,16 +517,24 @@ def _run_live(args: argparse.Namespace) -> int:
         + ("" if ttff is None else f", first after {ttff:.2f} s")
         + (f"; stopped: {stats['stopped']}" if stats.get("stopped") else "")
     )
+    return _print_findings(
+        report, out, lambda c: f"{c.time_s:.3f} s", f"{report.target} has findings"
+    )
+
+
+def _print_findings(report: Any, out: Path, cost: Callable[[Any], str], failure: str) -> int:
+    """Each finding in one line (``cost`` says what its cost after minimisation was), where the
+    reports are, and the campaign's exit status (``failure`` said when it is not 0)."""
     for f in report.findings:
-        c = f.cost_after
         print(
-            f"  {f.cause}: {len(f.original)} -> {f.size_bytes} bytes, {c.time_s:.3f} s"
+            f"  {f.cause}: {len(f.original)} -> {f.size_bytes} bytes, {cost(f.cost_after)}"
             f" -> {f.path or '(not saved)'}"
         )
     print(f"reports in {out}/ (report.json, junit.xml, report.sarif, summary.md)")
     if report.exit_status:
-        print(f"FAIL: {report.target} has findings", file=sys.stderr)
-    return report.exit_status
+        print(f"FAIL: {failure}", file=sys.stderr)
+    exit_status: int = report.exit_status
+    return exit_status
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -150,14 +150,14 @@ def completion_response(
         api.completion_choice(i, (echo[i] if echo else "") + c.text, c.finish_reason)
         for i, c in enumerate(choices)
     ]
-    return api.completion_body(gen.rid, created, model, body, _usage(gen))
+    return api.response_body("text_completion", gen.rid, created, model, body, _usage(gen))
 
 
 def chat_response(
     gen: Generation, choices: list[Choice], model: str, created: int
 ) -> dict[str, Any]:
     body = [api.chat_choice(i, c.text, c.finish_reason) for i, c in enumerate(choices)]
-    return api.chat_body(gen.rid, created, model, body, _usage(gen))
+    return api.response_body("chat.completion", gen.rid, created, model, body, _usage(gen))
 
 
 def _usage(gen: Generation) -> dict[str, int]:

@@ -132,16 +132,19 @@ def model_list(model_name: str, created: int) -> dict[str, Any]:
     }
 
 
-def completion_body(
+def response_body(
+    object_: str,
     rid: str,
     created: int,
     model: str,
     choices: list[dict[str, Any]],
     usage_body: dict[str, int],
 ) -> dict[str, Any]:
+    """A whole (non-streamed) answer: ``object_`` is ``text_completion`` or
+    ``chat.completion``."""
     return {
         "id": rid,
-        "object": "text_completion",
+        "object": object_,
         "created": created,
         "model": model,
         "choices": choices,
@@ -151,23 +154,6 @@ def completion_body(
 
 def completion_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
-
-
-def chat_body(
-    rid: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage_body: dict[str, int],
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage_body,
-    }
 
 
 def chat_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
