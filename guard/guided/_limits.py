@@ -115,7 +115,7 @@ class GuidedLimits:
         "function that `tool_choice` / `function_call` names) with its own converter, and "
         "refuse the schema (`guided_schema_grammar_invalid`) when llama.cpp could not parse "
         'that grammar (it crashes): a `pattern` such as `"^\\d+$"` (copied as `"\\d"`, an '
-        "escape GBNF does not have), a `minLength` over 2,000, a `\\b` in a constant. "
+        "escape GBNF does not have), a `\\b` or `\\f` in a constant or a property name. "
         "`false` in front of vLLM only (it reads those schemas itself).",
     )
     max_schema_grammar_depth: PosInt = Field(
