@@ -16,7 +16,9 @@ Routes:
   that fail closed, Redis answers a PING, else 503 ``rate_limiter_unavailable``, the answer
   every request would get; failing open, a Redis that does not answer leaves the guard ready,
   serving without rate limits, and the body says ``"rate_limiter": "failing_open"``),
-  ``GET /metrics`` (Prometheus, this app's registry), ``GET /openapi.json``.
+  ``GET /metrics`` (Prometheus, this app's registry: open while the policy lists no keys, else
+  to the admin token or allowed addresses only; on the admin listener instead when
+  ``admin.listen`` is set, see :mod:`guard.admin`), ``GET /openapi.json``.
 
 Every error, for any input, is an OpenAI error body with a stable ``code``.
 """
@@ -40,6 +42,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from guard.admin import AdminListener, admin_app, metrics_refusal
 from guard.admission import (
     ConcurrencyLimiter,
     RateLimiter,
@@ -150,9 +153,26 @@ def _new_app(gateway: Gateway) -> _GuardApp:
     upstream, limiter, metrics = gateway.upstream, gateway.limiter, gateway.metrics
     context = ContextWindow(gateway, upstream)
 
+    admin: AdminListener | None = None
+    listen = gateway.policy.admin.listen_address
+    if listen is not None:
+
+        async def healthz() -> Response:
+            return JSONResponse({"status": "ok"})
+
+        async def readyz() -> Response:
+            return await _readiness(gateway, context)
+
+        async def prometheus() -> Response:
+            return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+        admin = AdminListener(admin_app(healthz, readyz, prometheus), *listen)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await context.start()  # the upstream's max_model_len, when it reports one
+        if admin is not None:
+            await admin.start()
         tasks: list[asyncio.Task[None]] = []
         if isinstance(limiter, RedisRateLimiter):
             tasks.append(asyncio.create_task(limiter.watch(), name="schedguard-redis-watch"))
@@ -166,6 +186,8 @@ def _new_app(gateway: Gateway) -> _GuardApp:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            if admin is not None:
+                await admin.stop()
             await context.stop()
             gateway.access_log.flush()
             metrics.close()
@@ -214,7 +236,10 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
         return await _readiness(gateway, app.state.context_window)
 
     @app.get("/metrics", summary="Prometheus metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        refusal = metrics_refusal(gateway.policy, request.scope)
+        if refusal is not None:
+            return _error_response(refusal)
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.post(

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 UPSTREAM_ENV = "SCHEDGUARD_UPSTREAM__URL"
 REDIS_ENV = "SCHEDGUARD_RATE__REDIS_URL"
+ADMIN_ENV = "SCHEDGUARD_ADMIN__LISTEN"
 _EMBEDDED_START_TIMEOUT_S = 60.0
 
 
@@ -43,6 +44,7 @@ class ServeOptions:
     redis_url: str | None
     log_level: str
     upstream_mem_limit_bytes: int
+    admin_listen: str | None = None
 
 
 def _err(message: str, command: str = "serve") -> None:
@@ -119,7 +121,8 @@ def serve(opts: ServeOptions) -> int:
     if opts.policy_path is not None:
         overrides[POLICY_ENV] = opts.policy_path
     for var, flag, value in ((UPSTREAM_ENV, "--upstream", opts.upstream),
-                             (REDIS_ENV, "--redis", opts.redis_url)):  # fmt: skip
+                             (REDIS_ENV, "--redis", opts.redis_url),
+                             (ADMIN_ENV, "--admin-port", opts.admin_listen)):  # fmt: skip
         if value is not None:
             overrides[var], flags[var] = value, flag
     env = {**os.environ, **overrides}
@@ -145,9 +148,12 @@ def serve(opts: ServeOptions) -> int:
             where = f"{embedded.url} (embedded reference scheduler, hardened profile)"
         else:
             where = policy.upstream.url
+        admin_note = ""
+        if policy.admin.listen is not None:
+            admin_note = f"; /healthz, /readyz, /metrics on http://{policy.admin.listen}"
         print(
             f"schedguard guard on http://{opts.host}:{opts.port} -> {where}; "
-            f"{opts.workers} worker(s)",
+            f"{opts.workers} worker(s){admin_note}",
             file=sys.stderr,
             flush=True,
         )

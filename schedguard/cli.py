@@ -5,6 +5,7 @@ schedguard ref --profile {vulnerable,hardened} [--host H] [--port P] [--log-leve
 schedguard demo [--mem-limit-mb N] [--timeout-s S] [--steady-requests N] [--json PATH]
                 [--port-base P]
 schedguard serve [--upstream URL] [--policy FILE] [--host H] [--port P] [--workers N] [--redis URL]
+                 [--admin-port P [--admin-host H]]
 schedguard policy show [--policy FILE] [--json]
 schedguard load [--duration S] [--users N] [--attack-share F] [--upstream-profile P] [--out DIR]
                 [--host URL] [--no-guard] [--ui] [--json] ...
@@ -174,6 +175,16 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--port", type=port, default=8080, help="TCP port to bind")
     serve.add_argument("--workers", type=positive_int, default=1, help="worker processes (uvicorn)")
     serve.add_argument(
+        "--admin-port",
+        type=port,
+        default=None,
+        help="serve /healthz, /readyz and /metrics on this port too, and /metrics only there "
+        "(overrides admin.listen)",
+    )
+    serve.add_argument(
+        "--admin-host", default="127.0.0.1", help="interface of the admin port (--admin-port)"
+    )
+    serve.add_argument(
         "--redis",
         metavar="URL",
         help="share rate limits between replicas through Redis (overrides rate.redis_url)",
@@ -259,6 +270,10 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo_cli(config, json_path=args.json)
 
 
+def _listen(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     from schedguard._serve import ServeOptions, serve
 
@@ -271,6 +286,9 @@ def _run_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             redis_url=args.redis,
             log_level=args.log_level,
+            admin_listen=(
+                None if args.admin_port is None else _listen(args.admin_host, args.admin_port)
+            ),
             upstream_mem_limit_bytes=args.upstream_mem_limit_mb << 20,
         )
     )

@@ -208,7 +208,16 @@ def test_kubernetes_sidecar(tmp_path: Path) -> None:
     containers = {c["name"]: c for c in pod["containers"]}
     vllm, guard = containers["vllm"], containers["guard"]
     assert "--host=127.0.0.1" in vllm["args"] and "--port=8000" in vllm["args"]
-    assert guard["args"] == ["--upstream", "http://127.0.0.1:8000"]
+    assert guard["args"][:2] == ["--upstream", "http://127.0.0.1:8000"]
+    # /metrics on the admin port, which Prometheus scrapes and the Service does not expose.
+    admin_port = guard["args"][guard["args"].index("--admin-port") + 1]
+    annotations = kinds["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == admin_port
+    admin_name = next(p["name"] for p in guard["ports"] if str(p["containerPort"]) == admin_port)
+    assert all(
+        p["targetPort"] not in (admin_name, int(admin_port))
+        for p in kinds["Service"]["spec"]["ports"]
+    )
     assert guard["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert guard["readinessProbe"]["httpGet"]["path"] == "/readyz"
     sc = guard["securityContext"]

@@ -184,12 +184,17 @@ def test_ports_and_health_checks_agree(profile: str | None) -> None:
     tname, tsvc = target[0]
     assert upstream.port == listen_port(tsvc)
     assert set(_networks(tsvc)) & set(_networks(guard)), tname
-    # Only the guard is published among the LLM-facing services; Prometheus scrapes the guard.
+    # Only the guard is published among the LLM-facing services; Prometheus scrapes the guard's
+    # admin port (the policy lists keys: /metrics is not on the public one), which is not
+    # published.
     assert "ports" not in tsvc and compose["networks"]["internal"]["internal"] is True
     assert _networks(tsvc) == ["internal"]
     prometheus = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     scrape = prometheus["scrape_configs"][0]["static_configs"][0]["targets"]
-    assert scrape == [f"guard:{listen_port(guard)}"]
+    admin_port = _flag(argv_of(guard), "--admin-port")
+    assert admin_port is not None and int(admin_port) != listen_port(guard)
+    assert scrape == [f"guard:{admin_port}"]
+    assert all(not p.endswith(f":{admin_port}") for p in guard.get("ports", []))
 
 
 def _networks(svc: dict[str, Any]) -> list[str]:
