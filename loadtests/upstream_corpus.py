@@ -60,8 +60,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "upstreams" / "upstreams.py"
 CORPUS_MODEL = b'"schedguard-ref"'
 # llama-cpp-python 0.3.36 answers a body its pydantic models refuse with 500 "N validation
-# error(s) for ...": its refusal of invalid input, not a fault (fuzz.live's campaigns agree).
-LLAMACPP_REFUSAL = re.compile(rb"\d+ validation errors?\b")
+# error(s): ...", and embeddings from a model not loaded for them with a 500 that says so: its
+# refusals of input it does not take, not faults (fuzz.live's campaigns agree).
+LLAMACPP_REFUSAL = re.compile(rb"\d+ validation errors?\b|must be created with embedding=True")
 _MB = 1 << 20
 
 
