@@ -67,9 +67,15 @@ def test_default_max_tokens_is_injected() -> None:
 
 
 def test_no_injection_when_a_cap_is_set() -> None:
-    for field in ("max_tokens", "max_completion_tokens", "n_predict", "max_new_tokens"):
+    result = run(chat("hi", max_tokens=10))
+    assert result.rejection is None and result.mutations == ()
+    assert result.costs["output_tokens"] == 10
+    # Another field alone: max_tokens gets the same cap (llama-cpp-python reads only that one
+    # and generates to the end of its context without it).
+    for field in ("max_completion_tokens", "n_predict", "max_new_tokens"):
         result = run(chat("hi", **{field: 10}))
-        assert result.rejection is None and result.mutations == (), field
+        assert result.rejection is None, field
+        assert result.mutations == (Mutation(("max_tokens",), 10, "max_tokens_missing"),), field
         assert result.costs["output_tokens"] == 10
 
 
@@ -83,8 +89,11 @@ def test_output_cap_at_and_over(field: str) -> None:
 
 def test_every_output_field_is_checked() -> None:
     # vLLM reads max_completion_tokens or max_tokens depending on truthiness: check both.
-    err = rejection(chat("hi", max_completion_tokens=0, max_tokens=10**9))
+    err = rejection(chat("hi", max_completion_tokens=5, max_tokens=10**9))
     assert err.param == "max_tokens"
+    # 0 is no cap at all to llama-cpp-python
+    err = rejection(chat("hi", max_completion_tokens=0, max_tokens=10))
+    assert err.param == "max_completion_tokens"
     assert rejection(chat("hi", n_predict=-1)).code == "max_tokens_exceeded"  # llama.cpp: forever
     assert rejection(chat("hi", max_tokens="100000")).code == "max_tokens_exceeded"
     err = rejection({"input": "x", "max_output_tokens": 10**6}, "/v1/responses")
