@@ -99,7 +99,11 @@ def create_app(
     if up.url is None:
         raise ValueError("no upstream: set upstream.url in the policy or pass upstream_url")
     if limiter is None:
-        limiter = make_rate_limiter(policy.rate.redis_url, on_error=policy.rate.on_redis_failure)
+        limiter = make_rate_limiter(
+            policy.rate.redis_url,
+            on_error=policy.rate.on_redis_failure,
+            op_timeout_s=policy.rate.redis_timeout_s,
+        )
     if concurrency is None:
         rate = policy.rate
         concurrency = ConcurrencyLimiter(

@@ -248,8 +248,11 @@ def make_rate_limiter(
     *,
     on_error: FailurePolicy = "closed",
     metrics: RateLimiterMetrics | None = None,
+    op_timeout_s: float = 0.25,
 ) -> RateLimiter:
     """The limiter for ``--redis URL``: shared through Redis when given, in memory otherwise."""
     if redis_url:
-        return RedisRateLimiter(redis_url, on_error=on_error, metrics=metrics)
+        return RedisRateLimiter(
+            redis_url, on_error=on_error, metrics=metrics, op_timeout_s=op_timeout_s
+        )
     return MemoryRateLimiter(metrics=metrics)

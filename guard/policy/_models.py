@@ -518,6 +518,12 @@ class RatePolicy(RateLimits):
         description="When Redis is unreachable: `closed` refuses requests (503), `open` "
         "admits them unlimited. Never silently per replica.",
     )
+    redis_timeout_s: PosFloat = Field(
+        default=0.25,
+        description="Bound of one Redis operation end to end (connect, one retry on a stale "
+        "pooled connection, the script): past it the operation has failed and "
+        "`on_redis_failure` decides. Raise it for a Redis across a slow network.",
+    )
     anonymous: AnonymousRate = Field(
         default_factory=lambda: AnonymousRate(),
         description="The anonymous tenant's limits (no keys configured: every caller). By "
