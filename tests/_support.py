@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import socket
+import sys
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
 
-__all__ = ["REPO_ROOT", "TESTS_DIR", "free_port"]
+__all__ = ["REPO_ROOT", "TESTS_DIR", "bytecodes", "free_port", "peak_allocated"]
+
+T = TypeVar("T")
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -18,3 +25,38 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def bytecodes(run: Callable[[], object]) -> int:
+    """Python bytecodes executed by ``run()``: work counted the same on any machine at any
+    load (what tests assert about cost instead of a wall clock)."""
+    count = 0
+
+    def trace(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        if event == "call":
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            count += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def peak_allocated(run: Callable[[], T]) -> tuple[T, int]:
+    """``run()``'s result and the most bytes Python had allocated at once while it ran, above
+    what was allocated before (an expansion that was refused before it happened stays small)."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        result = run()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return result, peak

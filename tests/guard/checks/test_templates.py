@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from guard.errors import GuardError
 from guard.policy import Policy, default_policy, policy_from_yaml
 from guard.request_view import RequestView
 from guard.template_scan import scan_template
+from tests._support import peak_allocated
 
 P = default_policy()
 ALLOW = policy_from_yaml("limits: {templates: {allow_request_chat_template: true}}")
@@ -53,9 +53,8 @@ def nested(depth: int) -> str:
 
 
 def test_seed_payload_is_refused_quickly() -> None:
-    start = time.perf_counter()
-    err = rejection({"prompt_template": SEED}, path="/v1/completions")
-    assert time.perf_counter() - start < 0.05
+    err, peak = peak_allocated(lambda: rejection({"prompt_template": SEED}, path="/v1/completions"))
+    assert peak < 4 << 20, peak  # refused before anything was expanded
     assert err.code == "template_depth_exceeded"
     assert err.param == "prompt_template"
 
@@ -133,9 +132,9 @@ def billion_laughs(fanout: int, levels: int) -> dict[str, Any]:
 
 
 def test_billion_laughs_is_refused_without_expanding() -> None:
-    start = time.perf_counter()
-    err = rejection(billion_laughs(10, 7))  # 10**7 * 3 characters
-    assert time.perf_counter() - start < 0.05
+    body = billion_laughs(10, 7)  # 10**7 * 3 characters
+    err, peak = peak_allocated(lambda: rejection(body))
+    assert peak < 4 << 20, peak
     assert err.code == "template_expansion_exceeded"
 
 
@@ -233,9 +232,10 @@ def test_allowed_chat_template_is_rendered_in_the_sandbox() -> None:
     ],
 )
 def test_hostile_chat_templates_are_refused_when_allowed(template: str, codes: set[str]) -> None:
-    start = time.perf_counter()
-    err = rejection({"messages": MSG, "chat_template": template}, ALLOW)
-    assert time.perf_counter() - start < 1.0
+    err, peak = peak_allocated(
+        lambda: rejection({"messages": MSG, "chat_template": template}, ALLOW)
+    )
+    assert peak < 64 << 20, peak  # refused within the render's budgets
     assert err.code in codes, (err.code, err.message)
     assert err.param == "chat_template"
 

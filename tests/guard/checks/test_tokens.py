@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import time
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from guard.errors import GuardError
 from guard.policy import Policy, default_policy, policy_from_yaml
 from guard.request_view import RequestView
 from guard.tokens import get_counter
+from tests._support import peak_allocated
 
 P = default_policy()
 T = P.limits.tokens
@@ -259,11 +259,24 @@ def test_non_latin_text_is_counted_exactly(text: str) -> None:
         assert result.rejection is not None
 
 
-def test_huge_prompt_is_refused_without_tokenizing_it() -> None:
+def test_huge_prompt_is_refused_without_tokenizing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenized = [0]  # characters and bytes handed to the tokenizer
+    backend = COUNTER.backend  # type: ignore[attr-defined]
+    encode_count, piece_lengths = backend.encode_count, backend.piece_lengths
+
+    def counted_encode(text: str) -> int:
+        tokenized[0] += len(text)
+        return int(encode_count(text))
+
+    def counted_pieces(piece: bytes) -> list[int]:
+        tokenized[0] += len(piece)
+        return list(piece_lengths(piece))
+
+    monkeypatch.setattr(backend, "encode_count", counted_encode)
+    monkeypatch.setattr(backend, "piece_lengths", counted_pieces)
     body = chat("a" * 900_000)
-    start = time.perf_counter()
     assert rejection(body).code == "prompt_tokens_exceeded"
-    assert time.perf_counter() - start < 0.05
+    assert tokenized[0] < 20_000, tokenized  # decided from the bytes, not 900 KB tokenized
 
 
 # -- context length -----------------------------------------------------------------------------
@@ -343,14 +356,14 @@ def test_prompt_template_without_variables_is_plain_text() -> None:
 def test_hostile_templates_stay_cheap_for_the_tokens_check_alone() -> None:
     laughs = {f"a{i}": f"{{{{a{i + 1}}}}}" * 10 for i in range(7)} | {"a7": "lol" * 50}
     seed = "{{" * 1024 + "system_prompt}}" * 512
-    for body in (
+    bodies: list[dict[str, Any]] = [
         {"prompt_template": "{{a0}}", "template_vars": laughs},
         {"prompt_template": seed, "template_vars": {"system_prompt": "x"}},
         {"prompt_template": "{{a}}", "template_vars": {"a": "{{a}}{{a}}"}},
-    ):
-        start = time.perf_counter()
-        result = run(body, COMPLETIONS)
-        assert time.perf_counter() - start < 0.05
+    ]
+    for body in bodies:
+        result, peak = peak_allocated(lambda: run(body, COMPLETIONS))  # noqa: B023 (called here)
+        assert peak < 4 << 20, peak  # nothing expanded (the laughs alone are 10**7 * 3 chars)
         # Refused here or by the templates check: never expanded.
         assert result.rejection is None or result.rejection.code == "prompt_tokens_exceeded"
 

@@ -8,9 +8,6 @@ in-process.
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import pytest
@@ -21,6 +18,7 @@ from guard.errors import GuardError, LimitExceeded, RegexRejected
 from guard.guided import GuidedLimits, check_guided_decoding
 from guard.guided._regex_scan import scan_regex
 from guard.isolation import preload, run_limited
+from tests._support import bytecodes
 
 preload("guard.guided._check")
 
@@ -772,26 +770,6 @@ def test_any_json_as_schema_passes_or_raises_guard_error(schema: Any) -> None:
             assert e.code.startswith("guided_")
 
 
-def _opcodes(run: Callable[[], object]) -> int:
-    """Python bytecodes executed by ``run()``: the same count on any machine, at any load."""
-    count = 0
-
-    def trace(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal count
-        if event == "call":
-            frame.f_trace_opcodes = True
-        elif event == "opcode":
-            count += 1
-        return trace
-
-    sys.settrace(trace)
-    try:
-        run()
-    finally:
-        sys.settrace(None)
-    return count
-
-
 def test_scan_is_linear() -> None:
     """Eight times the pattern, at most about eight times the work (never quadratic), counted
     in bytecodes executed rather than timed (bench/guided_check.py times it)."""
@@ -799,7 +777,7 @@ def test_scan_is_linear() -> None:
 
     def work(n: int) -> int:
         pattern = "(?:a|b)[a-z]+@" * n
-        return _opcodes(lambda: scan_regex(pattern, limits))
+        return bytecodes(lambda: scan_regex(pattern, limits))
 
     small, large = work(200), work(1600)
     assert small > 0
