@@ -230,7 +230,7 @@ async def test_fails_closed_when_redis_stops_and_recovers(private_server: RedisS
         started = time.monotonic()
         with pytest.raises(Overloaded) as info:
             await limiter.reserve("t", limits=limits, tokens=10)
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0  # one refused connect, not redis-py's retries
         assert info.value.status == 503
         assert info.value.code == "rate_limiter_unavailable"
         assert info.value.headers["retry-after"] == "1"
