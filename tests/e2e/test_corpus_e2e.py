@@ -99,6 +99,8 @@ KNOWN: dict[tuple[str, str], str] = {
     ("llamacpp", "vol-uc-arguments-reprinted"): _RELAYED + "assistant content null",
     ("llamacpp", "vol-uc-developer-tools"): _RELAYED + "the developer role",
     ("llamacpp", "vol-uc-extra-key-in-call"): _RELAYED + "assistant content null",
+    ("llamacpp", "vol-uc-name-arguments-on-call"): _RELAYED + "assistant content null",
+    ("llamacpp", "vol-uc-tool-reference-name"): _RELAYED + "a tool_reference content part",
 }
 
 

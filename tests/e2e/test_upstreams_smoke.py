@@ -1,6 +1,11 @@
 """The real upstreams answer the OpenAI API the way the guard will see it: a chat, a stream,
 tools, a JSON-schema response format and usage. The model is random, so the tests check the
-protocol and the prompt accounting, not the words."""
+protocol and the prompt accounting, not the words.
+
+Each test that takes ``client`` runs twice per upstream: the openai client straight to the
+upstream, and through the guard (``schedguard serve`` in front of it, the model's
+``tokenizer.json`` in its policy), where the same answers and the same ``usage`` must come
+back."""
 
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from openai.types.chat import ChatCompletion
 from tokenizers import Tokenizer
 
+from schedguard._servers import RunningServer
+from tests._guard_process import guard_spec, start
 from tests.e2e.conftest import ROOT, RunningUpstream
 
 TEMPLATE = (ROOT / "scripts" / "upstreams" / "chat_template.jinja").read_text()
@@ -44,11 +51,28 @@ def upstream(request: pytest.FixtureRequest) -> RunningUpstream:
     return running
 
 
-@pytest.fixture
-def client(upstream: RunningUpstream) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=upstream.openai_base_url, api_key="unused", timeout=120, max_retries=0
-    ) as c:
+@pytest.fixture(scope="module")
+def guard(upstream: RunningUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The guard in front of ``upstream`` (rate limits off: the tests send one at a time)."""
+    policy = tmp_path_factory.mktemp(f"smoke-guard-{upstream.name}") / "policy.yaml"
+    policy.write_text(
+        f"limits:\n  tokens:\n    tokenizer: {upstream.tokenizer_json}\n"
+        "rate:\n  requests_per_minute: null\n  tokens_per_minute: null\n"
+    )
+    server: RunningServer = start(guard_spec("guard", upstream.base_url, policy))
+    try:
+        server.wait_ready(120)
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["direct", "guard"])
+def client(upstream: RunningUpstream, request: pytest.FixtureRequest) -> Iterator[openai.OpenAI]:
+    base_url = upstream.openai_base_url
+    if request.param == "guard":
+        base_url = request.getfixturevalue("guard") + "/v1"
+    with openai.OpenAI(base_url=base_url, api_key="unused", timeout=120, max_retries=0) as c:
         yield c
 
 
