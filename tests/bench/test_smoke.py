@@ -82,6 +82,9 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "vocabulary; its targets are tested in test_fuzz_backends.py",
     "guided_vllm.py": "issue 16's floods against a real vLLM (set up by scripts/upstreams, ~15 "
     "minutes); run by hand",
+    "corpus_upstreams.py": "issue 13's corpus table against real vLLM and llama-cpp-python "
+    "(scripts/upstreams, tens of minutes); its runner is tested in "
+    "tests/loadtests/test_upstream_corpus.py and through the guard in tests/e2e/test_corpus_e2e.py",
 }
 
 
