@@ -177,6 +177,16 @@ def _add_live(run: argparse.ArgumentParser) -> None:
         "the guard's accounting (usage.prompt_tokens over its prompt bound) is a finding, as is "
         "a benign payload it refuses that the upstream serves cheaply. --engine does not apply.",
     )
+    _add_live_server(live)
+    _add_live_monitoring(live)
+    _add_live_budgets(live)
+    _add_live_restarts(live)
+    _add_live_verdicts(live)
+    _add_live_output(live)
+
+
+def _add_live_server(live: argparse._ArgumentGroup) -> None:
+    """How the campaign reaches the server and what it sends it."""
     live.add_argument(
         "--guard",
         metavar="URL",
@@ -184,6 +194,37 @@ def _add_live(run: argparse.ArgumentParser) -> None:
         help="a differential campaign: the guard in front of --target, asked for its verdict "
         "on each request before the request goes to --target directly",
     )
+    live.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a host that is not loopback (the campaign sends thousands of hostile "
+        "requests: only against servers you own)",
+    )
+    live.add_argument(
+        "--model",
+        metavar="NAME",
+        default=None,
+        help="the model name to put in requests (default: the first of the server's /v1/models)",
+    )
+    live.add_argument(
+        "--header",
+        action="append",
+        type=_header,
+        default=None,
+        metavar="'NAME: VALUE'",
+        help="a header to send with every request (repeatable), e.g. 'Authorization: Bearer KEY'",
+    )
+    live.add_argument(
+        "--health",
+        metavar="PATH",
+        default=None,
+        help="the server's health path (default: the first of /health, /healthz, /v1/models "
+        "that answers 200)",
+    )
+
+
+def _add_live_monitoring(live: argparse._ArgumentGroup) -> None:
+    """Where the server's resident memory is read."""
     live.add_argument(
         "--pid",
         action="append",
@@ -200,19 +241,10 @@ def _add_live(run: argparse.ArgumentParser) -> None:
         default=None,
         help="a Prometheus endpoint whose process_resident_memory_bytes is the server's memory",
     )
-    live.add_argument(
-        "--health",
-        metavar="PATH",
-        default=None,
-        help="the server's health path (default: the first of /health, /healthz, /v1/models "
-        "that answers 200)",
-    )
-    live.add_argument(
-        "--allow-remote",
-        action="store_true",
-        help="allow a host that is not loopback (the campaign sends thousands of hostile "
-        "requests: only against servers you own)",
-    )
+
+
+def _add_live_budgets(live: argparse._ArgumentGroup) -> None:
+    """The request rate, the time and memory limits, the sizes."""
     live.add_argument(
         "--max-rps",
         type=positive_float,
@@ -243,19 +275,23 @@ def _add_live(run: argparse.ArgumentParser) -> None:
         "--metrics)",
     )
     live.add_argument(
-        "--model",
-        metavar="NAME",
-        default=None,
-        help="the model name to put in requests (default: the first of the server's /v1/models)",
+        "--max-body-kb",
+        type=positive_int,
+        default=1024,
+        metavar="KB",
+        help="the largest request body sent (larger seeds and children are left out)",
     )
     live.add_argument(
-        "--header",
-        action="append",
-        type=_header,
-        default=None,
-        metavar="'NAME: VALUE'",
-        help="a header to send with every request (repeatable), e.g. 'Authorization: Bearer KEY'",
+        "--max-minimise-tests",
+        type=positive_int,
+        default=200,
+        metavar="N",
+        help="requests the minimiser may send per finding",
     )
+
+
+def _add_live_restarts(live: argparse._ArgumentGroup) -> None:
+    """What happens when the server dies."""
     live.add_argument(
         "--restart-cmd",
         metavar="CMD",
@@ -278,6 +314,10 @@ def _add_live(run: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long to wait for a server that went down to answer its health check again",
     )
+
+
+def _add_live_verdicts(live: argparse._ArgumentGroup) -> None:
+    """What counts as a finding and what a finding does to the run."""
     live.add_argument(
         "--ignore-5xx",
         action="append",
@@ -293,11 +333,14 @@ def _add_live(run: argparse.ArgumentParser) -> None:
         help="the server is known to be vulnerable (unguarded): findings do not fail the run",
     )
     live.add_argument(
-        "--name",
-        metavar="NAME",
-        default=None,
-        help="the target's name in reports and payload files (default: from the URL)",
+        "--stop-on-first",
+        action="store_true",
+        help="end at the first finding (what the time to first finding measures)",
     )
+
+
+def _add_live_output(live: argparse._ArgumentGroup) -> None:
+    """The seeds' corpus and the target's name in reports."""
     live.add_argument(
         "--corpus",
         type=Path,
@@ -306,23 +349,10 @@ def _add_live(run: argparse.ArgumentParser) -> None:
         help="the payload corpus the seeds come from (default: the package's payloads/)",
     )
     live.add_argument(
-        "--max-body-kb",
-        type=positive_int,
-        default=1024,
-        metavar="KB",
-        help="the largest request body sent (larger seeds and children are left out)",
-    )
-    live.add_argument(
-        "--max-minimise-tests",
-        type=positive_int,
-        default=200,
-        metavar="N",
-        help="requests the minimiser may send per finding",
-    )
-    live.add_argument(
-        "--stop-on-first",
-        action="store_true",
-        help="end at the first finding (what the time to first finding measures)",
+        "--name",
+        metavar="NAME",
+        default=None,
+        help="the target's name in reports and payload files (default: from the URL)",
     )
 
 
