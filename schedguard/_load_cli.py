@@ -58,6 +58,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    _add_traffic(p)
+    _add_servers(p)
+    _add_slos(p)
+    _add_reports(p)
+    _add_ui(p)
+    p.add_argument(
+        "locust_args",
+        nargs=argparse.REMAINDER,
+        help="after --: more locust arguments (e.g. -- --flood-burst 40)",
+    )
+
+
+def _add_traffic(p: argparse.ArgumentParser) -> None:
+    """What the users send, how many and how fast."""
     p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of load")
     p.add_argument("--users", type=positive_int, default=10, help="benign users")
     p.add_argument(
@@ -67,11 +81,56 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="share of the traffic that attacks: attackers are added beside the benign users",
     )
     p.add_argument(
+        "--shape",
+        choices=("steady", "ramp", "spike", "burst"),
+        default="steady",
+        help="how the user count changes over the run (loadtests/README.md)",
+    )
+    p.add_argument("--user-rps", type=positive_float, default=0.5, help="requests/s per user")
+    p.add_argument("--processes", type=int, default=0, help="locust worker processes (0: one)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the prompts and the attack order (reproducible runs)",
+    )
+
+
+def _add_servers(p: argparse.ArgumentParser) -> None:
+    """The upstream and the guard the run starts, or the --host it targets."""
+    p.add_argument(
         "--upstream-profile",
         choices=("vulnerable", "hardened"),
         default="vulnerable",
         help="limits profile of the reference scheduler started as the upstream",
     )
+    p.add_argument("--host", help="target this running guard (or server) instead")
+    p.add_argument(
+        "--no-guard", action="store_true", help="send the traffic straight at the upstream"
+    )
+    p.add_argument("--policy", help="guard policy file; without it loadtests/policy.yaml")
+    p.add_argument(
+        "--upstream-cost",
+        choices=sorted(COSTS),
+        default="gpu",
+        help="simulated step cost of the upstream: 'gpu' sleeps a GPU's step time, 'none' not",
+    )
+    p.add_argument("--upstream-mem-limit-mb", type=positive_int, default=1024, help="RLIMIT_AS")
+    p.add_argument("--guard-mem-limit-mb", type=positive_int, default=2048, help="RLIMIT_AS")
+
+
+def _add_slos(p: argparse.ArgumentParser) -> None:
+    """The SLOs the run is gated on."""
+    p.add_argument("--baseline", help="slo.json of an earlier run: gate the benign p99 ratio")
+    p.add_argument("--p99-ms", type=positive_float, help="benign p99 latency SLO")
+    p.add_argument("--max-p99-ratio", type=positive_float, help="p99 / baseline p99 SLO")
+    p.add_argument("--max-guard-rss-mb", type=positive_float, help="guard peak RSS SLO")
+    p.add_argument("--max-upstream-rss-mb", type=positive_float, help="upstream peak RSS SLO")
+    p.add_argument("--max-rss-slope", type=positive_float, help="RSS slope SLO, MB/min (soaks)")
+
+
+def _add_reports(p: argparse.ArgumentParser) -> None:
+    """Where the reports go and what they are compared with."""
     p.add_argument("--out", default="out/load", help="directory for the reports")
     p.add_argument(
         "--compare",
@@ -86,52 +145,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="do not run: rewrite report.html from the files in --out (with --compare)",
     )
-    p.add_argument("--host", help="target this running guard (or server) instead")
-    p.add_argument(
-        "--no-guard", action="store_true", help="send the traffic straight at the upstream"
-    )
-    p.add_argument("--ui", action="store_true", help="locust's web UI with the schedguard tab")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument(
-        "--shape",
-        choices=("steady", "ramp", "spike", "burst"),
-        default="steady",
-        help="how the user count changes over the run (loadtests/README.md)",
-    )
-    p.add_argument("--user-rps", type=positive_float, default=0.5, help="requests/s per user")
-    p.add_argument("--processes", type=int, default=0, help="locust worker processes (0: one)")
-    p.add_argument("--policy", help="guard policy file; without it loadtests/policy.yaml")
-    p.add_argument(
-        "--upstream-cost",
-        choices=sorted(COSTS),
-        default="gpu",
-        help="simulated step cost of the upstream: 'gpu' sleeps a GPU's step time, 'none' not",
-    )
-    p.add_argument("--upstream-mem-limit-mb", type=positive_int, default=1024, help="RLIMIT_AS")
-    p.add_argument("--guard-mem-limit-mb", type=positive_int, default=2048, help="RLIMIT_AS")
-    p.add_argument("--baseline", help="slo.json of an earlier run: gate the benign p99 ratio")
-    p.add_argument("--p99-ms", type=positive_float, help="benign p99 latency SLO")
-    p.add_argument("--max-p99-ratio", type=positive_float, help="p99 / baseline p99 SLO")
-    p.add_argument("--max-guard-rss-mb", type=positive_float, help="guard peak RSS SLO")
-    p.add_argument("--max-upstream-rss-mb", type=positive_float, help="upstream peak RSS SLO")
-    p.add_argument("--max-rss-slope", type=positive_float, help="RSS slope SLO, MB/min (soaks)")
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seed of the prompts and the attack order (reproducible runs)",
-    )
+
+
+def _add_ui(p: argparse.ArgumentParser) -> None:
+    """Locust's web UI."""
+    p.add_argument("--ui", action="store_true", help="locust's web UI with the schedguard tab")
     p.add_argument("--web-port", type=int, default=8089, help="web UI port with --ui")
     p.add_argument(
         "--ui-linger",
         type=float,
         default=-1.0,
         help="with --ui: seconds the UI stays after the run (-1: until Ctrl-C)",
-    )
-    p.add_argument(
-        "locust_args",
-        nargs=argparse.REMAINDER,
-        help="after --: more locust arguments (e.g. -- --flood-burst 40)",
     )
 
 
