@@ -15,9 +15,17 @@ import hashlib
 import ipaddress
 import re
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic.dataclasses import dataclass, is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 
@@ -586,6 +594,17 @@ _TENANT = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def _sha256_hex(value: str) -> str:
+    value = value.lower()
+    if not _SHA256.fullmatch(value):
+        raise ValueError("must be 64 hexadecimal digits")
+    return value
+
+
+# A SHA-256 hex digest as the policy holds keys and tokens (lower case).
+Sha256Hex = Annotated[str, AfterValidator(_sha256_hex)]
+
+
 def key_digest(key: str) -> str:
     """The SHA-256 hex digest by which keys are stored, looked up and shown."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
@@ -597,7 +616,7 @@ class KeyEntry(Section):
         description="The API key, as sent in `Authorization: Bearer <key>`. Prefer "
         "`key_sha256`, so the policy file holds no secret.",
     )
-    key_sha256: str | None = Field(
+    key_sha256: Sha256Hex | None = Field(
         default=None,
         description="The SHA-256 hex digest of the key (`printf %s KEY | sha256sum`); "
         "`schedguard policy show` prints keys this way.",
@@ -616,15 +635,6 @@ class KeyEntry(Section):
     def _tenant_name(cls, value: str) -> str:
         if not _TENANT.fullmatch(value):
             raise ValueError("must be 1 to 64 letters, digits or _.:@-")
-        return value
-
-    @field_validator("key_sha256")
-    @classmethod
-    def _hex_digest(cls, value: str | None) -> str | None:
-        if value is not None:
-            value = value.lower()
-            if not _SHA256.fullmatch(value):
-                raise ValueError("must be 64 hexadecimal digits")
         return value
 
     @field_validator("key")
@@ -686,7 +696,7 @@ class AdminPolicy(Section):
         "`/readyz` still are. With `--workers N` every worker listens on it (`SO_REUSEPORT`) "
         "and each answers for all. `null`: none.",
     )
-    metrics_key_sha256: str | None = Field(
+    metrics_key_sha256: Sha256Hex | None = Field(
         default=None,
         description="SHA-256 hex digest of a bearer token that opens `/metrics` on the public "
         "port (`Authorization: Bearer <token>`; `printf %s TOKEN | sha256sum`). No tenant's "
@@ -717,15 +727,6 @@ class AdminPolicy(Section):
             match = _LISTEN.fullmatch(value)
             if match is None or not 0 < int(match["port"]) < 65536:
                 raise ValueError("must be HOST:PORT (e.g. 127.0.0.1:9090 or [::1]:9090)")
-        return value
-
-    @field_validator("metrics_key_sha256")
-    @classmethod
-    def _hex_digest(cls, value: str | None) -> str | None:
-        if value is not None:
-            value = value.lower()
-            if not _SHA256.fullmatch(value):
-                raise ValueError("must be 64 hexadecimal digits")
         return value
 
     @field_validator("metrics_allow")
