@@ -566,6 +566,22 @@ def _charts(
     colours: Mapping[str, str],
 ) -> list[_Chart]:
     th = run.report.get("thresholds") or {}
+    return [
+        *_latency_charts(rs, th, suffix, scales, x_max),
+        _rss_chart(rs, th, suffix, scales, x_max),
+        _rejections_chart(rs, run, suffix, scales, x_max, colours),
+        _answers_chart(rs, suffix, scales, x_max, colours),
+    ]
+
+
+def _latency_charts(
+    rs: RunSeries,
+    th: Mapping[str, Any],
+    suffix: str,
+    scales: Mapping[str, float],
+    x_max: float,
+) -> list[_Chart]:
+    """Benign latency (with its p99 SLO when that fits the chart), time to first token, ITL."""
     p99_slo: float | None = None if th.get("p99_ms") is None else float(th["p99_ms"])
     out = []
     benign_top = scales["benign-latency"]
@@ -605,7 +621,17 @@ def _charts(
             None,
         )
     )
+    return out
 
+
+def _rss_chart(
+    rs: RunSeries,
+    th: Mapping[str, Any],
+    suffix: str,
+    scales: Mapping[str, float],
+    x_max: float,
+) -> _Chart:
+    """The guard's and the upstream's RSS, their peaks between samples, their SLOs, deaths."""
     lines, hlines, legend, off_chart = [], [], [], []
     rss_top = scales["rss"]
     for name in ("guard", "upstream"):
@@ -631,81 +657,92 @@ def _charts(
     rss_note = "Sampled every second by the load generator (psutil); dashed: peak RSS SLOs."
     if off_chart:
         rss_note += " Above the chart: the SLO of " + ", ".join(off_chart) + "."
-    out.append(
-        _Chart(
+    return _Chart(
+        f"rss{suffix}",
+        "Memory (RSS, process and children)",
+        rss_note,
+        line_chart(
             f"rss{suffix}",
-            "Memory (RSS, process and children)",
-            rss_note,
-            line_chart(
-                f"rss{suffix}",
-                "Memory (RSS)",
-                lines=lines,
-                x_max=x_max,
-                y_unit="MB",
-                y_max=rss_top * 1.1,
-                hlines=hlines,
-                markers=markers,
-                width=_CHART_W,
-                height=_CHART_H,
-                empty_text="no RSS: the servers' pids are unknown (--host)",
-            ),
-            _legend(legend),
-        )
+            "Memory (RSS)",
+            lines=lines,
+            x_max=x_max,
+            y_unit="MB",
+            y_max=rss_top * 1.1,
+            hlines=hlines,
+            markers=markers,
+            width=_CHART_W,
+            height=_CHART_H,
+            empty_text="no RSS: the servers' pids are unknown (--host)",
+        ),
+        _legend(legend),
     )
 
+
+def _rejections_chart(
+    rs: RunSeries,
+    run: Run,
+    suffix: str,
+    scales: Mapping[str, float],
+    x_max: float,
+    colours: Mapping[str, str],
+) -> _Chart:
+    """The guard's rejections per second by error code, stacked bars."""
     bars = Bars(rs.bar_starts, rs.bar_width, _stacks(rs.rejections, colours, lambda c: c))
     totals = {code: _count(row, rs.bar_seconds) for code, row in rs.rejections.items()}
-    out.append(
-        _Chart(
+    return _Chart(
+        f"guard-rejections{suffix}",
+        "Guard rejections by code",
+        "From the guard's /metrics (schedguard_guard_rejections_total), each counted at "
+        f"the scrape that first showed it; per second over {rs.bar_width:g} s bars.",
+        bar_chart(
             f"guard-rejections{suffix}",
             "Guard rejections by code",
-            "From the guard's /metrics (schedguard_guard_rejections_total), each counted at "
-            f"the scrape that first showed it; per second over {rs.bar_width:g} s bars.",
-            bar_chart(
-                f"guard-rejections{suffix}",
-                "Guard rejections by code",
-                bars=bars,
-                x_max=x_max,
-                y_unit="rejections/s",
-                y_max=scales["rejections"] * 1.1,
-                width=_CHART_W,
-                height=_CHART_H,
-                empty_text=(
-                    "no guard in front: nothing rejects"
-                    if run.mode == "no-guard"
-                    else "no rejections scraped"
-                ),
+            bars=bars,
+            x_max=x_max,
+            y_unit="rejections/s",
+            y_max=scales["rejections"] * 1.1,
+            width=_CHART_W,
+            height=_CHART_H,
+            empty_text=(
+                "no guard in front: nothing rejects"
+                if run.mode == "no-guard"
+                else "no rejections scraped"
             ),
-            _legend(
-                [(f"{label} ({_total(label, totals)})", c, False) for label, c, _ in bars.stacks]
-            ),
-        )
+        ),
+        _legend([(f"{label} ({_total(label, totals)})", c, False) for label, c, _ in bars.stacks]),
     )
+
+
+def _answers_chart(
+    rs: RunSeries,
+    suffix: str,
+    scales: Mapping[str, float],
+    x_max: float,
+    colours: Mapping[str, str],
+) -> _Chart:
+    """What the attack requests got back per second by status and error code, stacked bars."""
     answers = Bars(rs.bar_starts, rs.bar_width, _stacks(rs.answers, colours, _code_of))
     totals = {label: _count(row, rs.bar_seconds) for label, row in rs.answers.items()}
-    out.append(
-        _Chart(
+    return _Chart(
+        f"attack-answers{suffix}",
+        "Attack answers as the client saw them",
+        "Status and error code of every attack request (each request of a flood burst), "
+        f"per second over {rs.bar_width:g} s bars; reds: served, greys: no answer.",
+        bar_chart(
             f"attack-answers{suffix}",
-            "Attack answers as the client saw them",
-            "Status and error code of every attack request (each request of a flood burst), "
-            f"per second over {rs.bar_width:g} s bars; reds: served, greys: no answer.",
-            bar_chart(
-                f"attack-answers{suffix}",
-                "Attack answers",
-                bars=answers,
-                x_max=x_max,
-                y_unit="answers/s",
-                y_max=scales["answers"] * 1.1,
-                width=_CHART_W,
-                height=_CHART_H,
-                empty_text="no attacks" if rs.has_timeline else "no timeline.json in this run",
-            ),
-            _legend(
-                [(f"{label} ({_total(label, totals)})", c, False) for label, c, _ in answers.stacks]
-            ),
-        )
+            "Attack answers",
+            bars=answers,
+            x_max=x_max,
+            y_unit="answers/s",
+            y_max=scales["answers"] * 1.1,
+            width=_CHART_W,
+            height=_CHART_H,
+            empty_text="no attacks" if rs.has_timeline else "no timeline.json in this run",
+        ),
+        _legend(
+            [(f"{label} ({_total(label, totals)})", c, False) for label, c, _ in answers.stacks]
+        ),
     )
-    return out
 
 
 def _count(rates: Sequence[float], seconds: Sequence[float]) -> float:
