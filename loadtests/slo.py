@@ -139,16 +139,9 @@ class Report:
             if server == "guard"
             else self.thresholds.max_upstream_rss_mb
         )
-        name = f"{server} peak RSS"
-        check = _limit(
-            name,
-            peak_bytes / MB,
-            limit,
-            f"<= {limit:.0f} MB" if limit is not None else "-",
-            _mb(peak_bytes),
-        )
+        check = _peak_rss_check(server, peak_bytes, limit)
         numbers = {**self.numbers, key: round(peak_bytes / MB, 1)}
-        checks = [check if c.name == name else c for c in self.checks]
+        checks = [check if c.name == check.name else c for c in self.checks]
         return Report(checks, numbers, self.thresholds)
 
     def write_json(self, path: str | Path) -> None:
@@ -223,98 +216,126 @@ def _limit(name: str, measured: float | None, limit: float | None, text: str, sh
 
 def evaluate(data: RunData, th: Thresholds) -> Report:
     p99 = percentile(data.benign_latency_ms, 0.99)
-    checks = [_limit("benign p99 latency", p99, th.p99_ms, f"<= {th.p99_ms:.0f} ms", _ms(p99))]
-    if p99 is None:
-        checks[0] = Check(checks[0].name, checks[0].threshold, "no benign requests", "fail")
+    ratio = _p99_ratio(p99, th)
+    slopes = {name: rss_slope_mb_per_min(s) for name, s in sorted(data.rss_series.items())}
+    checks = [
+        _p99_check(p99, th),
+        _benign_errors_check(data, th),
+        _attacks_rejected_check(data, th),
+        *_peak_rss_checks(data, th),
+        _upstream_alive_check(data, th),
+    ]
+    if ratio is not None:
+        checks.append(_p99_ratio_check(p99, ratio, th))
+    checks.extend(_rss_slope_checks(slopes, th))
+    return Report(checks, _numbers(data, p99, ratio, slopes), th)
 
+
+def _p99_ratio(p99: float | None, th: Thresholds) -> float | None:
+    """The benign p99 over the baseline's, when there is a baseline to divide by."""
+    if th.baseline_p99_ms is not None and p99 is not None and th.baseline_p99_ms > 0:
+        return p99 / th.baseline_p99_ms
+    return None
+
+
+def _p99_check(p99: float | None, th: Thresholds) -> Check:
+    check = _limit("benign p99 latency", p99, th.p99_ms, f"<= {th.p99_ms:.0f} ms", _ms(p99))
+    if p99 is None:
+        return Check(check.name, check.threshold, "no benign requests", "fail")
+    return check
+
+
+def _benign_errors_check(data: RunData, th: Thresholds) -> Check:
     errors = data.benign_failures + data.lookalike_failures
     total = data.benign_requests + data.lookalike_requests
-    checks.append(
-        Check(
-            "benign errors",
-            f"<= {th.max_benign_errors}",
-            f"{errors} of {total}",
-            "pass" if errors <= th.max_benign_errors else "fail",
-        )
+    return Check(
+        "benign errors",
+        f"<= {th.max_benign_errors}",
+        f"{errors} of {total}",
+        "pass" if errors <= th.max_benign_errors else "fail",
     )
 
-    if data.attack_requests:
-        share = data.attack_rejected / data.attack_requests
-        checks.append(
-            Check(
-                "attacks rejected",
-                f">= {th.min_attack_rejected:.0%}",
-                f"{share:.1%} ({data.attack_rejected}/{data.attack_requests})",
-                "pass" if share >= th.min_attack_rejected else "fail",
-            )
-        )
-    else:
-        checks.append(
-            Check("attacks rejected", f">= {th.min_attack_rejected:.0%}", "none sent", "skip")
-        )
 
-    limit_g = th.max_guard_rss_mb
-    checks.append(
-        _limit(
-            "guard peak RSS",
-            None if data.guard_peak_rss is None else data.guard_peak_rss / MB,
-            limit_g,
-            f"<= {limit_g:.0f} MB" if limit_g is not None else "-",
-            _mb(data.guard_peak_rss),
-        )
+def _attacks_rejected_check(data: RunData, th: Thresholds) -> Check:
+    if not data.attack_requests:
+        return Check("attacks rejected", f">= {th.min_attack_rejected:.0%}", "none sent", "skip")
+    share = data.attack_rejected / data.attack_requests
+    return Check(
+        "attacks rejected",
+        f">= {th.min_attack_rejected:.0%}",
+        f"{share:.1%} ({data.attack_rejected}/{data.attack_requests})",
+        "pass" if share >= th.min_attack_rejected else "fail",
     )
-    limit_u = th.max_upstream_rss_mb
-    checks.append(
-        _limit(
-            "upstream peak RSS",
-            None if data.upstream_peak_rss is None else data.upstream_peak_rss / MB,
-            limit_u,
-            f"<= {limit_u:.0f} MB" if limit_u is not None else "-",
-            _mb(data.upstream_peak_rss),
+
+
+def _peak_rss_checks(data: RunData, th: Thresholds) -> list[Check]:
+    """The guard's and the upstream's peak RSS against their limits."""
+    return [
+        _peak_rss_check(server, peak, limit)
+        for server, peak, limit in (
+            ("guard", data.guard_peak_rss, th.max_guard_rss_mb),
+            ("upstream", data.upstream_peak_rss, th.max_upstream_rss_mb),
         )
+    ]
+
+
+def _peak_rss_check(server: str, peak: int | None, limit: float | None) -> Check:
+    return _limit(
+        f"{server} peak RSS",
+        None if peak is None else peak / MB,
+        limit,
+        f"<= {limit:.0f} MB" if limit is not None else "-",
+        _mb(peak),
     )
+
+
+def _upstream_alive_check(data: RunData, th: Thresholds) -> Check:
     if not th.require_upstream_alive:
-        checks.append(Check("upstream healthy at end", "-", data.upstream_status or "-", "skip"))
-    elif data.upstream_alive is None:
-        checks.append(Check("upstream healthy at end", "yes", "unknown", "skip"))
-    else:
-        checks.append(
-            Check(
-                "upstream healthy at end",
-                "yes",
-                data.upstream_status or ("yes" if data.upstream_alive else "no"),
-                "pass" if data.upstream_alive else "fail",
-            )
+        return Check("upstream healthy at end", "-", data.upstream_status or "-", "skip")
+    if data.upstream_alive is None:
+        return Check("upstream healthy at end", "yes", "unknown", "skip")
+    return Check(
+        "upstream healthy at end",
+        "yes",
+        data.upstream_status or ("yes" if data.upstream_alive else "no"),
+        "pass" if data.upstream_alive else "fail",
+    )
+
+
+def _p99_ratio_check(p99: float | None, ratio: float, th: Thresholds) -> Check:
+    return Check(
+        "benign p99 / baseline",
+        f"<= {th.max_p99_ratio:.2f}x",
+        f"{ratio:.2f}x ({_ms(p99)} / {_ms(th.baseline_p99_ms)})",
+        "pass" if ratio <= th.max_p99_ratio else "fail",
+    )
+
+
+def _rss_slope_checks(slopes: Mapping[str, float | None], th: Thresholds) -> list[Check]:
+    if th.max_rss_slope_mb_per_min is None:
+        return []
+    return [
+        _limit(
+            f"{name} RSS slope",
+            slope,
+            th.max_rss_slope_mb_per_min,
+            f"<= {th.max_rss_slope_mb_per_min:g} MB/min",
+            "n/a" if slope is None else f"{slope:+.2f} MB/min",
         )
+        for name, slope in slopes.items()
+    ]
 
-    ratio: float | None = None
-    if th.baseline_p99_ms is not None and p99 is not None and th.baseline_p99_ms > 0:
-        ratio = p99 / th.baseline_p99_ms
-        checks.append(
-            Check(
-                "benign p99 / baseline",
-                f"<= {th.max_p99_ratio:.2f}x",
-                f"{ratio:.2f}x ({_ms(p99)} / {_ms(th.baseline_p99_ms)})",
-                "pass" if ratio <= th.max_p99_ratio else "fail",
-            )
-        )
 
-    slopes = {name: rss_slope_mb_per_min(s) for name, s in sorted(data.rss_series.items())}
-    if th.max_rss_slope_mb_per_min is not None:
-        for name, slope in slopes.items():
-            checks.append(
-                _limit(
-                    f"{name} RSS slope",
-                    slope,
-                    th.max_rss_slope_mb_per_min,
-                    f"<= {th.max_rss_slope_mb_per_min:g} MB/min",
-                    "n/a" if slope is None else f"{slope:+.2f} MB/min",
-                )
-            )
-
+def _numbers(
+    data: RunData,
+    p99: float | None,
+    ratio: float | None,
+    slopes: Mapping[str, float | None],
+) -> dict[str, Any]:
+    """The run's figures as report.json records them."""
     benign_rps = data.benign_requests / data.duration_s if data.duration_s else 0.0
     all_requests = data.benign_requests + data.lookalike_requests + data.attack_requests
-    numbers: dict[str, Any] = {
+    return {
         "duration_s": round(data.duration_s, 1),
         "benign_requests": data.benign_requests,
         "benign_failures": data.benign_failures,
@@ -353,7 +374,6 @@ def evaluate(data: RunData, th: Thresholds) -> Report:
         "client_codes": dict(sorted(data.client_codes.items())),
         "target": data.target,
     }
-    return Report(checks, numbers, th)
 
 
 def _thin(series: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
