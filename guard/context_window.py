@@ -19,7 +19,7 @@ import contextlib
 import logging
 from typing import Any, Literal
 
-from guard.http import Upstream, max_model_len_of
+from guard.http import Upstream, max_model_len_of, serves_vllm
 from guard.policy import Policy
 
 __all__ = ["ContextWindow", "WindowSource", "in_force"]
@@ -32,14 +32,17 @@ RETRY_S = 5.0
 
 
 def in_force(base: Policy, models: Any) -> tuple[Policy, WindowSource]:
-    """``base`` with the context window ``models`` (the upstream's ``/v1/models`` document;
-    None when it did not answer) puts in force, and where that window comes from."""
+    """``base`` with what ``models`` (the upstream's ``/v1/models`` document; None when it did
+    not answer) puts in force, and where the context window comes from: the upstream's
+    ``max_model_len`` (unless the policy sets one) and, for
+    ``limits.guided.llama_cpp_schemas: auto``, whether the upstream is vLLM."""
+    policy = base if models is None else base.with_upstream_kind(serves_vllm(models))
     if base.limits.tokens.context_length_from == "policy":
-        return base, "policy"
+        return policy, "policy"
     reported = None if models is None else max_model_len_of(models)
     if reported is None:
-        return base, "default"
-    return base.with_upstream_context(reported), "upstream"
+        return policy, "default"
+    return policy.with_upstream_context(reported), "upstream"
 
 
 class ContextWindow:
@@ -63,13 +66,20 @@ class ContextWindow:
 
     def describe(self) -> dict[str, Any]:
         """``{"context_length": N or None, "context_length_source": "policy" | "upstream" |
-        "default"}``."""
-        return {"context_length": self.value, "context_length_source": self.source}
+        "default", "llama_cpp_schemas": whether schemas are checked as llama-cpp-python
+        converts them}``."""
+        policy: Policy = self._holder.policy
+        return {
+            "context_length": self.value,
+            "context_length_source": self.source,
+            "llama_cpp_schemas": policy.limits.guided.llama_cpp_schemas is not False,
+        }
 
     async def refresh(self) -> bool:
         """Ask the upstream once; True when it answered (with a window or without one)."""
-        if self._base.limits.tokens.context_length_from == "policy":
-            return True
+        base = self._base.limits
+        if base.tokens.context_length_from == "policy" and base.guided.llama_cpp_schemas != "auto":
+            return True  # nothing the upstream says would change the policy
         models = await self._upstream.models()
         if models is None:
             return False

@@ -108,15 +108,18 @@ class GuidedLimits:
         description="Longest chain of rule references at the left of rules (llama.cpp's "
         "left-recursion check recurses along it on its native stack).",
     )
-    llama_cpp_schemas: bool = Field(
-        default=True,
+    llama_cpp_schemas: bool | Literal["auto"] = Field(
+        default="auto",
         description="Build the grammar llama-cpp-python 0.3.36 makes of a JSON schema "
         "(`response_format` `json_object` with a `schema`, the `parameters` of the tool or "
         "function that `tool_choice` / `function_call` names) with its own converter, and "
         "refuse the schema (`guided_schema_grammar_invalid`) when llama.cpp could not parse "
         'that grammar (it crashes): a `pattern` such as `"^\\d+$"` (copied as `"\\d"`, an '
         "escape GBNF does not have), a `\\b` or `\\f` in a constant or a property name. "
-        "`false` in front of vLLM only (it reads those schemas itself).",
+        "`auto` (default): on, unless the upstream's `/v1/models` says it is vLLM (its "
+        "entries are `owned_by: vllm`; it reads those schemas itself, and a `\\d` in a date "
+        "pattern is fine there); read at start-up and on readiness, on until it answers. "
+        "`true`/`false`: always/never (`false` in front of vLLM only).",
     )
     max_schema_grammar_depth: PosInt = Field(
         default=4096,

@@ -36,6 +36,7 @@ from guard.http._upstream import (
     UpstreamResponse,
     max_model_len_of,
     response_headers,
+    serves_vllm,
 )
 
 __all__ = [
@@ -61,4 +62,5 @@ __all__ = [
     "raise_nofile_limit",
     "read_body",
     "response_headers",
+    "serves_vllm",
 ]

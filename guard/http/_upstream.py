@@ -42,6 +42,7 @@ __all__ = [
     "UpstreamResponse",
     "max_model_len_of",
     "response_headers",
+    "serves_vllm",
 ]
 
 # RFC 9110 7.6.1 hop-by-hop headers, plus those the proxy recomputes or must not forward.
@@ -335,3 +336,12 @@ def max_model_len_of(models: Any) -> int | None:
         and entry["max_model_len"] > 0
     ]
     return min(lengths) if lengths else None
+
+
+def serves_vllm(models: Any) -> bool:
+    """Whether a ``/v1/models`` document is vLLM's: every entry ``owned_by: vllm`` (its
+    default; llama-cpp-python says ``me``)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list) or not data:
+        return False
+    return all(isinstance(entry, dict) and entry.get("owned_by") == "vllm" for entry in data)

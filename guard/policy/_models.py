@@ -847,6 +847,18 @@ class Policy(Section):
         limits = self.limits.model_copy(update={"tokens": updated})
         return self.model_copy(update={"limits": limits})
 
+    def with_upstream_kind(self, is_vllm: bool) -> Policy:
+        """This policy with ``limits.guided.llama_cpp_schemas: auto`` decided for the upstream
+        (off in front of vLLM, on otherwise); itself when it is not ``auto`` or nothing
+        changes."""
+        guided = self.limits.guided
+        if guided.llama_cpp_schemas != "auto" or not is_vllm:
+            return self
+        limits = self.limits.model_copy(
+            update={"guided": dataclasses.replace(guided, llama_cpp_schemas=False)}
+        )
+        return self.model_copy(update={"limits": limits})
+
     def rate_for(self, entry: KeyEntry | None) -> RatePolicy:
         """The rate limits of one key (``rate.anonymous``'s for the anonymous tenant)."""
         if entry is None:

@@ -147,3 +147,27 @@ def test_policy_show_says_which_window_is_in_force(capsys: pytest.CaptureFixture
         assert out.endswith(
             "# context window in force: 1536 tokens (the upstream's /v1/models max_model_len)\n"
         )
+
+
+async def test_llama_cpp_schema_check_is_off_in_front_of_vllm_only() -> None:
+    # A named tool with a date pattern: llama-cpp-python's converter copies `\d` into a grammar
+    # llama.cpp cannot parse (it crashes), vLLM compiles it itself.
+    params = {"type": "object", "properties": {"d": {"type": "string", "pattern": r"^\d{4}$"}}}
+    body = {
+        **CHAT,
+        "max_tokens": 8,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+    }
+    async with _guard("{}", {"owned_by": "vllm"}) as (client, _):
+        assert (await client.get("/readyz")).json()["llama_cpp_schemas"] is False
+        verdict = (await client.post("/guard/v1/check", json=body)).json()
+        assert verdict["allowed"] is True, verdict
+    async with _guard("{}", {"owned_by": "me"}) as (client, _):
+        assert (await client.get("/readyz")).json()["llama_cpp_schemas"] is True
+        verdict = (await client.post("/guard/v1/check", json=body)).json()
+        assert verdict["code"] == "guided_schema_grammar_invalid", verdict
+    policy = "limits: {guided: {llama_cpp_schemas: true}}"
+    async with _guard(policy, {"owned_by": "vllm"}) as (client, _):
+        verdict = (await client.post("/guard/v1/check", json=body)).json()
+        assert verdict["code"] == "guided_schema_grammar_invalid", verdict
