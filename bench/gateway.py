@@ -59,7 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -587,87 +587,14 @@ def reject(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> 
     attacks, _, skipped = load_attacks(4 * 1_048_576)
     log(f"reject: {len(attacks)} pipeline attacks ({len(skipped)} over the body cap skipped)")
     preflight(guard.port, attacks, 1 if args.quick else 20)
-    mismatched = [
-        {
-            "id": a.id,
-            "expected": [a.expect_status, a.expect_code],
-            "got": [a.got_status, a.got_code],
-        }
-        for a in attacks
-        if not a.matches
-    ]
-    classes: dict[str, Any] = {}
-    by_class: dict[str, list[Attack]] = {}
-    for a in attacks:
-        if len(a.body) <= SMALL_BODY_MAX:
-            by_class.setdefault(a.class_, []).append(a)
-    others = [servers[n] for n in ("guard_baseline",) if n in servers.servers]
-    floor_script = write_script(work, "reject-floor", [FLOOR_REQUEST])
-    groups = sorted(by_class.items())[: 3 if args.quick else None]
-    scripts = {c: write_script(work, f"reject-{c}", [a.request for a in g]) for c, g in groups}
-    # Rounds in turn (the floor, then every class), medians per class: one 3-second p99 on a
-    # shared machine is mostly the machine.
+    groups = _small_by_class(attacks)[: 3 if args.quick else None]
     rounds = 1 if args.quick else args.reject_rounds
-    floor_runs: list[dict[str, Any]] = []
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for round_ in range(rounds):
-        floor_runs.append(measured(wrk, guard, guard.url, floor_script, 1, args.reject_duration))
-        log(
-            f"reject round {round_ + 1}/{rounds} floor (1-byte invalid JSON)  "
-            f"p50 {floor_runs[-1]['p50_us'] / 1000:6.3f} ms  "
-            f"p99 {floor_runs[-1]['p99_us'] / 1000:6.3f} ms"
-        )
-        for class_, group in groups:
-            for server in (guard, *others):
-                row = measured(wrk, server, server.url, scripts[class_], 1, args.reject_duration)
-                name = class_ if server is guard else f"{class_} ({server.name})"
-                runs.setdefault(name, []).append(row)
-            log(
-                f"reject round {round_ + 1}/{rounds} {class_:<24} {len(group):>3} payloads  "
-                f"p50 {runs[class_][-1]['p50_us'] / 1000:6.3f} ms  "
-                f"p99 {runs[class_][-1]['p99_us'] / 1000:6.3f} ms"
-            )
+    others = [servers[n] for n in ("guard_baseline",) if n in servers.servers]
+    floor_runs, runs = _reject_rounds(wrk, (guard, *others), work, groups, rounds, args)
     floor_p99 = _median(floor_runs, "p99_us") or 0.0
-    group_of = dict(groups)
-    for name, rows in runs.items():
-        group = group_of[name.split(" (", 1)[0]]
-        p99 = _median(rows, "p99_us") or 0.0
-        classes[name] = {
-            "payloads": len(group),
-            "max_body_bytes": max(len(a.body) for a in group),
-            "rps": _median(rows, "rps"),
-            "p50_ms": (_median(rows, "p50_us") or 0.0) / 1000,
-            "p99_ms": p99 / 1000,
-            "p99_ms_runs": [r["p99_us"] / 1000 for r in rows],
-            "p99_over_floor_ms": (p99 - floor_p99) / 1000,
-            "max_ms": max(r["max_us"] for r in rows) / 1000,
-            "cpu_us_per_request": _median(rows, "cpu_us_per_request"),
-            "non_4xx": sum(r["requests"] - r["non_2xx"] for r in rows),
-        }
+    classes = _class_figures(runs, dict(groups), floor_p99)
     large = sorted((a for a in attacks if len(a.body) > SMALL_BODY_MAX), key=lambda a: len(a.body))
-    if args.quick:
-        large = large[:1]
-    big_rows = []
-    for a in large:
-        script = write_script(work, f"large-{a.id}", [a.request])
-        row = measured(wrk, guard, guard.url, script, 1, args.reject_duration)
-        kb = len(a.body) / 1000
-        big_rows.append(
-            {
-                "id": a.id,
-                "class": a.class_,
-                "body_bytes": len(a.body),
-                "code": a.got_code,
-                "p50_ms": row["p50_us"] / 1000,
-                "p99_ms": row["p99_us"] / 1000,
-                "us_per_kb": row["p50_us"] / kb,
-                "cpu_us_per_request": row["cpu_us_per_request"],
-            }
-        )
-        log(
-            f"reject large {a.id:<28} {kb:8.0f} KB  p50 {row['p50_us'] / 1000:7.3f} ms  "
-            f"p99 {row['p99_us'] / 1000:7.3f} ms  {row['p50_us'] / kb:6.2f} us/KB"
-        )
+    big_rows = _large_payloads(wrk, guard, work, large[:1] if args.quick else large, args)
     ours = {k: v for k, v in classes.items() if "(" not in k}
     worst = max(ours.items(), key=lambda kv: kv[1]["p99_ms"], default=(None, None))
     slowest = sorted(attacks, key=lambda a: -a.extra["client_p50_ms"])
@@ -700,9 +627,118 @@ def reject(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> 
         "worst_class": worst[0],
         "worst_p99_ms": worst[1]["p99_ms"] if worst[1] else None,
         "worst_p99_over_floor_ms": worst[1]["p99_over_floor_ms"] if worst[1] else None,
-        "mismatched": mismatched,
+        "mismatched": [
+            {
+                "id": a.id,
+                "expected": [a.expect_status, a.expect_code],
+                "got": [a.got_status, a.got_code],
+            }
+            for a in attacks
+            if not a.matches
+        ],
         "skipped_over_body_cap": skipped,
     }
+
+
+def _small_by_class(attacks: Sequence[Attack]) -> list[tuple[str, list[Attack]]]:
+    """The attacks of at most SMALL_BODY_MAX bytes by class, in the order of the classes."""
+    by_class: dict[str, list[Attack]] = {}
+    for a in attacks:
+        if len(a.body) <= SMALL_BODY_MAX:
+            by_class.setdefault(a.class_, []).append(a)
+    return sorted(by_class.items())
+
+
+def _reject_rounds(
+    wrk: Wrk,
+    servers: Sequence[Server],
+    work: Path,
+    groups: Sequence[tuple[str, list[Attack]]],
+    rounds: int,
+    args: argparse.Namespace,
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """wrk's runs of the floor request and of each class against each server, in rounds.
+
+    Rounds in turn (the floor, then every class), medians per class: one 3-second p99 on a
+    shared machine is mostly the machine. The first server is the guard: its runs are named
+    by the class alone, the others' by the class and the server's name.
+    """
+    guard = servers[0]
+    floor_script = write_script(work, "reject-floor", [FLOOR_REQUEST])
+    scripts = {c: write_script(work, f"reject-{c}", [a.request for a in g]) for c, g in groups}
+    floor_runs: list[dict[str, Any]] = []
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for round_ in range(rounds):
+        floor_runs.append(measured(wrk, guard, guard.url, floor_script, 1, args.reject_duration))
+        log(
+            f"reject round {round_ + 1}/{rounds} floor (1-byte invalid JSON)  "
+            f"p50 {floor_runs[-1]['p50_us'] / 1000:6.3f} ms  "
+            f"p99 {floor_runs[-1]['p99_us'] / 1000:6.3f} ms"
+        )
+        for class_, group in groups:
+            for server in servers:
+                row = measured(wrk, server, server.url, scripts[class_], 1, args.reject_duration)
+                name = class_ if server is guard else f"{class_} ({server.name})"
+                runs.setdefault(name, []).append(row)
+            log(
+                f"reject round {round_ + 1}/{rounds} {class_:<24} {len(group):>3} payloads  "
+                f"p50 {runs[class_][-1]['p50_us'] / 1000:6.3f} ms  "
+                f"p99 {runs[class_][-1]['p99_us'] / 1000:6.3f} ms"
+            )
+    return floor_runs, runs
+
+
+def _class_figures(
+    runs: Mapping[str, list[dict[str, Any]]],
+    group_of: Mapping[str, list[Attack]],
+    floor_p99: float,
+) -> dict[str, Any]:
+    """Each class's medians over its rounds (a run named "CLASS (SERVER)" is CLASS's)."""
+    classes: dict[str, Any] = {}
+    for name, rows in runs.items():
+        group = group_of[name.split(" (", 1)[0]]
+        p99 = _median(rows, "p99_us") or 0.0
+        classes[name] = {
+            "payloads": len(group),
+            "max_body_bytes": max(len(a.body) for a in group),
+            "rps": _median(rows, "rps"),
+            "p50_ms": (_median(rows, "p50_us") or 0.0) / 1000,
+            "p99_ms": p99 / 1000,
+            "p99_ms_runs": [r["p99_us"] / 1000 for r in rows],
+            "p99_over_floor_ms": (p99 - floor_p99) / 1000,
+            "max_ms": max(r["max_us"] for r in rows) / 1000,
+            "cpu_us_per_request": _median(rows, "cpu_us_per_request"),
+            "non_4xx": sum(r["requests"] - r["non_2xx"] for r in rows),
+        }
+    return classes
+
+
+def _large_payloads(
+    wrk: Wrk, guard: Server, work: Path, large: Sequence[Attack], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """One wrk run per attack over SMALL_BODY_MAX bytes against the guard: its time per KB."""
+    rows = []
+    for a in large:
+        script = write_script(work, f"large-{a.id}", [a.request])
+        row = measured(wrk, guard, guard.url, script, 1, args.reject_duration)
+        kb = len(a.body) / 1000
+        rows.append(
+            {
+                "id": a.id,
+                "class": a.class_,
+                "body_bytes": len(a.body),
+                "code": a.got_code,
+                "p50_ms": row["p50_us"] / 1000,
+                "p99_ms": row["p99_us"] / 1000,
+                "us_per_kb": row["p50_us"] / kb,
+                "cpu_us_per_request": row["cpu_us_per_request"],
+            }
+        )
+        log(
+            f"reject large {a.id:<28} {kb:8.0f} KB  p50 {row['p50_us'] / 1000:7.3f} ms  "
+            f"p99 {row['p99_us'] / 1000:7.3f} ms  {row['p50_us'] / kb:6.2f} us/KB"
+        )
+    return rows
 
 
 # ---------------------------------------------------------------------------------------- rss
