@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
@@ -176,25 +176,13 @@ class Flood:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     up_port, guard_port = free_port(), free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if args.src:
-        env["PYTHONPATH"] = os.pathsep.join([args.src, env.get("PYTHONPATH", "")])
     soft, hard = (int(x) for x in args.guard_nofile.split(":"))
     upstream = subprocess.Popen(
         [sys.executable, str(ROOT / "bench" / "_mock_upstream.py"), "--port", str(up_port)],
         preexec_fn=_limits(1 << 30, (4096, 4096)),
     )
     log = open(args.guard_log, "wb")  # noqa: SIM115
-    argv = [sys.executable, "-m", "schedguard", "serve", "--upstream", f"http://{HOST}:{up_port}",
-            "--host", HOST, "--port", str(guard_port), "--log-level", "warning"]  # fmt: skip
-    guard = subprocess.Popen(
-        argv,
-        env=env,
-        cwd=args.src or ROOT,  # `python -m` puts the working directory first on sys.path
-        stdout=log,
-        stderr=log,
-        preexec_fn=_limits(2 << 30, (soft, hard)),
-    )
+    guard = _start_guard(args, up_port, guard_port, (soft, hard), log)
     flood: Flood | None = None
     peak = [0]
     stop = threading.Event()
@@ -202,16 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wait_ready(up_port, "/health")
         wait_ready(guard_port, "/readyz")
         proc = psutil.Process(guard.pid)
-
-        def sample() -> None:
-            while not stop.is_set():
-                try:
-                    peak[0] = max(peak[0], proc.memory_info().rss)
-                except psutil.Error:
-                    return
-                time.sleep(0.05)
-
-        threading.Thread(target=sample, daemon=True).start()
+        threading.Thread(target=_sample_peak_rss, args=(proc, peak, stop), daemon=True).start()
         warm = request(guard_port, HOST, "POST", "/v1/chat/completions", CHAT)
         rss_before = proc.memory_info().rss
         t0 = time.monotonic()
@@ -226,17 +205,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         rss_flooded = proc.memory_info().rss
         open_now = flood.still_open()
-        retry: dict[str, Any] | None = None
+        retry = None
         if after["chat_same_peer"].get("status") != 200:
-            start = time.monotonic()
-            while time.monotonic() - start < 60:
-                got = request(guard_port, HOST, "POST", "/v1/chat/completions", CHAT)
-                if got.get("status") == 200:
-                    retry = {"answered_after_s": round(time.monotonic() - start, 1)}
-                    break
-                time.sleep(0.5)
-            else:
-                retry = {"answered_after_s": None}
+            retry = _retry_same_peer(guard_port, 60.0)
         time.sleep(args.hold_s)
         open_later = flood.still_open()
         return {
@@ -261,14 +232,58 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stop.set()
         if flood is not None:
             flood.stop()
-        for p in (guard, upstream):
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop_servers(guard, upstream)
         log.close()
+
+
+def _start_guard(
+    args: argparse.Namespace, up_port: int, port: int, nofile: tuple[int, int], log: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """``schedguard serve`` in front of the upstream (from ``--src`` if given), logging to log."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if args.src:
+        env["PYTHONPATH"] = os.pathsep.join([args.src, env.get("PYTHONPATH", "")])
+    argv = [sys.executable, "-m", "schedguard", "serve", "--upstream", f"http://{HOST}:{up_port}",
+            "--host", HOST, "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=args.src or ROOT,  # `python -m` puts the working directory first on sys.path
+        stdout=log,
+        stderr=log,
+        preexec_fn=_limits(2 << 30, nofile),
+    )
+
+
+def _sample_peak_rss(proc: psutil.Process, peak: list[int], stop: threading.Event) -> None:
+    """Keep ``peak[0]`` at the process's highest RSS, every 50 ms, until stop or it is gone."""
+    while not stop.is_set():
+        try:
+            peak[0] = max(peak[0], proc.memory_info().rss)
+        except psutil.Error:
+            return
+        time.sleep(0.05)
+
+
+def _retry_same_peer(port: int, within_s: float) -> dict[str, Any]:
+    """Send the chat request from the flooding address every 0.5 s until it is answered."""
+    start = time.monotonic()
+    while time.monotonic() - start < within_s:
+        got = request(port, HOST, "POST", "/v1/chat/completions", CHAT)
+        if got.get("status") == 200:
+            return {"answered_after_s": round(time.monotonic() - start, 1)}
+        time.sleep(0.5)
+    return {"answered_after_s": None}
+
+
+def _stop_servers(*procs: subprocess.Popen[bytes]) -> None:
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def main() -> None:
