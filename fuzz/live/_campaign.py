@@ -166,37 +166,23 @@ class _Live:
             if url is not None:
                 require_loopback(url, allow_remote=opts.allow_remote)
         self.limiter = RequestPacer(opts.max_rps)
-        headers = dict(opts.headers)
-        self.upstream = HttpClient(
-            opts.target, limiter=self.limiter, timeout_s=opts.timeout_s, headers=headers
-        )
-        self.guard = (
-            HttpClient(opts.guard, limiter=self.limiter, timeout_s=opts.timeout_s, headers=headers)
-            if opts.guard
-            else None
-        )
+        self.upstream, self.guard = _clients(opts, self.limiter)
         self.health = Health(self.upstream, opts.health_path)
         self.guard_health = Health(self.guard, None) if self.guard is not None else None
         if not self.health.detect():
             raise TargetUnreachable(f"{opts.target} does not answer its health check")
         if self.guard_health is not None and not self.guard_health.detect():
             raise TargetUnreachable(f"{opts.guard} does not answer its health check")
-        self.metrics: HttpClient | None = None
-        metrics_path = ""
-        if opts.metrics_url:
-            scheme, host, port, path = split_url(opts.metrics_url)
-            self.metrics = HttpClient(f"{scheme}://{host}:{port}", limiter=self.limiter)
-            metrics_path = path or "/metrics"
+        self.metrics, metrics_path = _metrics_client(opts.metrics_url, self.limiter)
         self.auto_pids = any(isinstance(p, str) for p in opts.pids)
         self.monitor = RssMonitor(
             self._pids(), self.metrics, metrics_path, horizon_s=2 * opts.timeout_s + 60
         )
-        patterns = tuple(re.compile(p) for p in opts.ignore_5xx)
         self.budgets = LiveBudgets(
             timeout_s=opts.timeout_s,
             latency_s=opts.latency_budget_s,
             rss_bytes=opts.rss_budget_bytes,
-            ignore_5xx=patterns,
+            ignore_5xx=tuple(re.compile(p) for p in opts.ignore_5xx),
         )
         self.oracle = LiveOracle(
             self.upstream,
@@ -207,16 +193,8 @@ class _Live:
             guard_health=self.guard_health,
         )
         self.model = opts.model or discover_model(self.upstream)
-        seeds = load_seeds(opts.corpus, max_bytes=opts.max_body_bytes)
-        self.mutator = RequestMutator(
-            seeds,
-            model=self.model,
-            differential=self.guard is not None,
-            output_cap=opts.output_cap,
-            max_body_bytes=opts.max_body_bytes,
-        )
-        self.scheduler = CorpusScheduler(
-            self.mutator, self.mutator.seeds, benign_parents=0.8 if self.guard is not None else 0.3
+        self.mutator, self.scheduler = _fuzzer(
+            opts, self.model, differential=self.guard is not None
         )
         kind: TargetKind = "vulnerable" if opts.expect_findings else "hardened"
         self.target = LiveTarget(
@@ -307,21 +285,11 @@ class _Live:
     def run(self) -> CampaignReport:
         opts = self.opts
         engine = "differential" if self.guard is not None else "live"
-        save_root = (opts.save_root or opts.out_dir) if opts.save else None
-        known = known_causes(self.target.name, save_root) if save_root is not None else {}
-        findings = FindingSet(known)
-        options = RunOptions(
-            duration_s=opts.duration_s,
-            jobs=opts.jobs,
-            out_dir=opts.out_dir,
-            seed=opts.seed,
-            minimise_s=(
-                opts.minimise_s
-                if opts.minimise_s is not None
-                else default_minimise_s(opts.duration_s)
-            ),
-            save_root=save_root,
-            stop_on_first=opts.stop_on_first,
+        options = _run_options(opts)
+        findings = FindingSet(
+            known_causes(self.target.name, options.save_root)
+            if options.save_root is not None
+            else {}
         )
 
         def no_oracle() -> Oracle:
@@ -341,7 +309,7 @@ class _Live:
             target=self.target.name,
             engine=engine,
             recover=self.recover,
-            save_root=save_root,
+            save_root=options.save_root,
             seed=opts.seed,
             minimise_s=options.minimise_s,
             max_tests=opts.max_minimise_tests,
@@ -350,26 +318,7 @@ class _Live:
         )
         if self.model:
             self.note(f"model {self.model}; health {self.health.path}")
-        self.monitor.start()
-        self.rss_start = self.monitor.current()
-        seed = opts.seed if opts.seed is not None else random.randrange(2**32)
-        threads = [
-            threading.Thread(target=self._worker, args=(run, seed + i), daemon=True)
-            for i in range(opts.jobs)
-        ]
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                while t.is_alive():
-                    t.join(timeout=0.5)
-        except KeyboardInterrupt:
-            self.stop.set()
-            self.stopped = "interrupted"
-            for t in threads:
-                t.join(timeout=opts.timeout_s + 5)
-        finally:
-            self.monitor.stop()
+        self._run_workers(run)
         run.report()
         self.progress.done()
         result = run.result(stats=self._stats(run))
@@ -393,6 +342,30 @@ class _Live:
         if opts.out_dir is not None:
             write_reports(report, opts.out_dir)
         return report
+
+    def _run_workers(self, run: EngineRun) -> None:
+        """The jobs workers, with the RSS monitor, until the run is over or interrupted."""
+        opts = self.opts
+        self.monitor.start()
+        self.rss_start = self.monitor.current()
+        seed = opts.seed if opts.seed is not None else random.randrange(2**32)
+        threads = [
+            threading.Thread(target=self._worker, args=(run, seed + i), daemon=True)
+            for i in range(opts.jobs)
+        ]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.5)
+        except KeyboardInterrupt:
+            self.stop.set()
+            self.stopped = "interrupted"
+            for t in threads:
+                t.join(timeout=opts.timeout_s + 5)
+        finally:
+            self.monitor.stop()
 
     def _worker(self, run: EngineRun, seed: int) -> None:
         rng = random.Random(seed)
@@ -484,6 +457,57 @@ class _Live:
             "target_url": self.opts.target,
             "guard_url": self.opts.guard,
         }
+
+
+def _clients(opts: LiveOptions, limiter: RequestPacer) -> tuple[HttpClient, HttpClient | None]:
+    """The clients of the target and of the guard (when there is one), pacing through limiter."""
+    headers = dict(opts.headers)
+    upstream = HttpClient(opts.target, limiter=limiter, timeout_s=opts.timeout_s, headers=headers)
+    guard = (
+        HttpClient(opts.guard, limiter=limiter, timeout_s=opts.timeout_s, headers=headers)
+        if opts.guard
+        else None
+    )
+    return upstream, guard
+
+
+def _metrics_client(url: str | None, limiter: RequestPacer) -> tuple[HttpClient | None, str]:
+    """The client of the Prometheus endpoint at ``url`` and its path (/metrics if none)."""
+    if not url:
+        return None, ""
+    scheme, host, port, path = split_url(url)
+    return HttpClient(f"{scheme}://{host}:{port}", limiter=limiter), path or "/metrics"
+
+
+def _fuzzer(
+    opts: LiveOptions, model: str | None, *, differential: bool
+) -> tuple[RequestMutator, CorpusScheduler]:
+    """The mutator of the corpus's seeds and the scheduler that picks its parents."""
+    seeds = load_seeds(opts.corpus, max_bytes=opts.max_body_bytes)
+    mutator = RequestMutator(
+        seeds,
+        model=model,
+        differential=differential,
+        output_cap=opts.output_cap,
+        max_body_bytes=opts.max_body_bytes,
+    )
+    scheduler = CorpusScheduler(mutator, mutator.seeds, benign_parents=0.8 if differential else 0.3)
+    return mutator, scheduler
+
+
+def _run_options(opts: LiveOptions) -> RunOptions:
+    """The engine run's options: findings saved under --found-root or --out unless --no-save."""
+    return RunOptions(
+        duration_s=opts.duration_s,
+        jobs=opts.jobs,
+        out_dir=opts.out_dir,
+        seed=opts.seed,
+        minimise_s=(
+            opts.minimise_s if opts.minimise_s is not None else default_minimise_s(opts.duration_s)
+        ),
+        save_root=(opts.save_root or opts.out_dir) if opts.save else None,
+        stop_on_first=opts.stop_on_first,
+    )
 
 
 def run_live_campaign(opts: LiveOptions) -> CampaignReport:
