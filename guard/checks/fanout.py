@@ -22,7 +22,7 @@ from typing import Any
 from guard.checks._fields import effective_output, lax_int, prompt_items
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import LimitExceeded
-from guard.policy._models import Policy
+from guard.policy._models import FanoutPolicy, Policy
 from guard.request_view import RequestView
 
 __all__ = ["check_fanout"]
@@ -76,8 +76,18 @@ def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
     if body.keys().isdisjoint(_FANOUT_FIELDS):  # the usual request: only messages to count
         _check_messages(body, limits.max_messages, limits.max_content_parts)
         return None
-    endpoint = view.endpoint
+    _check_samples(body, limits)
+    _check_logprobs(body, limits)
+    _check_prompts(body, limits.max_prompts)
+    _check_min_tokens(body, view, policy)
+    _check_stop(body.get("stop"), limits.max_stop_sequences, limits.max_stop_bytes)
+    _check_entries(body, limits)
+    _check_messages(body, limits.max_messages, limits.max_content_parts)
+    return None
 
+
+def _check_samples(body: dict[str, Any], limits: FanoutPolicy) -> None:
+    """``n`` and ``best_of``: the sequences generated for one request."""
     n = lax_int(body.get("n"))
     if n is not None:
         _cap("n_exceeded", "n", n, limits.max_n)
@@ -85,6 +95,9 @@ def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
     if best_of is not None:
         _cap("best_of_exceeded", "best_of", best_of, limits.max_best_of)
 
+
+def _check_logprobs(body: dict[str, Any], limits: FanoutPolicy) -> None:
+    """The log-probabilities asked for: per output token, the top ones, per prompt token."""
     logprobs = body.get("logprobs")
     if not isinstance(logprobs, bool):  # chat's logprobs is a switch; completions' a count
         count = lax_int(logprobs)
@@ -106,55 +119,47 @@ def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
             negative_is_all=True,
         )
 
+
+def _check_prompts(body: dict[str, Any], max_prompts: int) -> None:
+    """The number of prompts in a list-valued ``prompt`` or ``input``."""
     for name in ("prompt", "input"):
         items = prompt_items(body.get(name))
-        if items is not None and len(items) > limits.max_prompts:
+        if items is not None and len(items) > max_prompts:
             raise LimitExceeded(
                 "prompts_exceeded",
-                f"{name} holds {len(items)} prompts; the limit is {limits.max_prompts}",
+                f"{name} holds {len(items)} prompts; the limit is {max_prompts}",
                 param=name,
             )
 
+
+def _check_min_tokens(body: dict[str, Any], view: RequestView, policy: Policy) -> None:
+    """``min_tokens`` against the output cap (the request's, else the policy's)."""
     min_tokens = lax_int(body.get("min_tokens"))
-    if min_tokens is not None and min_tokens > 0:
-        cap = effective_output(body, endpoint, policy)
-        if cap is None:
-            cap = policy.limits.tokens.max_output_tokens
-        if min_tokens > cap:
-            raise LimitExceeded(
-                "min_tokens_exceeds_max_tokens",
-                f"min_tokens is {min_tokens}, more than the output cap of {cap}",
-                param="min_tokens",
-            )
-
-    _check_stop(body.get("stop"), limits.max_stop_sequences, limits.max_stop_bytes)
-
-    bias = body.get("logit_bias")
-    if _count(bias) > limits.max_logit_bias:
+    if min_tokens is None or min_tokens <= 0:
+        return
+    cap = effective_output(body, view.endpoint, policy)
+    if cap is None:
+        cap = policy.limits.tokens.max_output_tokens
+    if min_tokens > cap:
         raise LimitExceeded(
-            "logit_bias_exceeded",
-            f"logit_bias has {_count(bias)} entries; the limit is {limits.max_logit_bias}",
-            param="logit_bias",
+            "min_tokens_exceeds_max_tokens",
+            f"min_tokens is {min_tokens}, more than the output cap of {cap}",
+            param="min_tokens",
         )
 
+
+def _check_entries(body: dict[str, Any], limits: FanoutPolicy) -> None:
+    """The sizes of ``logit_bias``, the token-id lists and ``bad_words``."""
+    _cap_entries("logit_bias_exceeded", "logit_bias", body.get("logit_bias"), limits.max_logit_bias)
     for name in _TOKEN_ID_LISTS:
-        entries = _count(body.get(name))
-        if entries > limits.max_token_ids:
-            raise LimitExceeded(
-                "token_ids_exceeded",
-                f"{name} has {entries} entries; the limit is {limits.max_token_ids}",
-                param=name,
-            )
-    if _count(body.get("bad_words")) > limits.max_bad_words:
-        raise LimitExceeded(
-            "bad_words_exceeded",
-            f"bad_words has {_count(body.get('bad_words'))} entries; the limit is "
-            f"{limits.max_bad_words}",
-            param="bad_words",
-        )
+        _cap_entries("token_ids_exceeded", name, body.get(name), limits.max_token_ids)
+    _cap_entries("bad_words_exceeded", "bad_words", body.get("bad_words"), limits.max_bad_words)
 
-    _check_messages(body, limits.max_messages, limits.max_content_parts)
-    return None
+
+def _cap_entries(code: str, name: str, items: Any, limit: int) -> None:
+    entries = _count(items)
+    if entries > limit:
+        raise LimitExceeded(code, f"{name} has {entries} entries; the limit is {limit}", param=name)
 
 
 def _check_stop(stop: Any, max_sequences: int, max_bytes: int) -> None:
