@@ -356,90 +356,100 @@ def _mark(ok: bool) -> str:
 
 def report(result: dict[str, Any]) -> str:
     lines: list[str] = []
-    seed = result["seed"]
-    if seed is not None:
-        srv, cli = seed["server_ms"], seed["client_ms"]
-        inproc = result.get("in_process")
-        growth = max(seed["rss_growth_mb"], seed["rss_peak_growth_mb"])
-        lines += [
-            f"(a) seed payload ({seed['payload_bytes']} B) on the hardened profile, "
-            f"{seed['runs']} runs after {seed['warmup']} warm-up",
-            f"    outcome: {seed['status']} {seed['code']}"
-            + ("" if seed["stable"] else f"  (NOT stable: {seed['outcomes']})"),
-            f"    {'':30s} {'median':>9s} {'p99':>9s}   seed write-up   ratio",
-            f"    {'server-side latency (ms)':30s} {srv['median']:9.3f} {srv['p99']:9.3f}   "
-            f"{REFERENCE_LATENCY_MS:9.0f} ms   {REFERENCE_LATENCY_MS / srv['median']:7.0f}x",
-            f"    {'client latency, HTTP (ms)':30s} {cli['median']:9.3f} {cli['p99']:9.3f}   "
-            f"{REFERENCE_LATENCY_MS:9.0f} ms   {REFERENCE_LATENCY_MS / cli['median']:7.0f}x",
-        ]
-        if inproc is not None:
-            ip = inproc["ms"]
-            lines.append(
-                f"    {'in-process, ASGITransport (ms)':30s} {ip['median']:9.3f} {ip['p99']:9.3f}"
-                f"   (no socket, no uvicorn; RSS growth {inproc['rss_growth_mb']:.2f} MB)"
-            )
-        lines += [
-            f"    server peak RSS: {seed['rss_peak_mb']:.1f} MB   seed write-up: "
-            f"{REFERENCE_PEAK_RSS_MB:.0f} MB   ratio {REFERENCE_PEAK_RSS_MB / seed['rss_peak_mb']:.1f}x",
-            f"    server RSS: {seed['rss_before_mb']:.1f} MB before, {seed['rss_after_mb']:.1f} MB "
-            f"after -> growth {seed['rss_growth_mb']:+.2f} MB (peak {seed['rss_peak_growth_mb']:+.2f} MB)",
-            f"    target 4xx, stable code, <= {TARGET_SERVER_MS:g} ms server-side (median): "
-            + _mark(400 <= seed["status"] < 500 and seed["stable"]
-                    and srv["median"] <= TARGET_SERVER_MS),
-            f"    target RSS growth <= {TARGET_RSS_GROWTH_MB:g} MB: "
-            + _mark(growth <= TARGET_RSS_GROWTH_MB),
-        ]  # fmt: skip
-    tp = result["throughput"]
-    if tp is not None:
-        lines += ["", f"(b) throughput, median of {tp['runs']} runs (MB/s = input bytes / time)"]
-        lines.append(
-            f"    depth scan, check_template(max_depth={tp['depth_scan']['max_depth']}) "
-            "vs a per-char Python loop"
-        )
-        lines.append(
-            f"    {'input':36s} {'bytes':>9s} {'outcome':>24s} {'scan MB/s':>10s} "
-            f"{'loop MB/s':>10s} {'speedup':>8s}"
-        )
-        for r in tp["depth_scan"]["rows"]:
-            lines.append(
-                f"    {r['input']:36s} {r['bytes']:9d} {r['outcome']:>24s} {r['scan_mb_s']:10.1f} "
-                f"{r['naive_mb_s']:10.1f} {r['speedup']:7.1f}x"
-            )
-        tc = tp["token_count"]
-        lines.append(
-            f"    token-limit decision ({tc['tokenizer']}, limit {tc['limit']}) vs tiktoken "
-            "encoding the whole input"
-        )
-        lines.append(
-            f"    {'input':40s} {'bytes':>9s} {'decided by':>11s} {'MB/s':>10s} "
-            f"{'tiktoken':>10s} {'speedup':>9s}"
-        )
-        for r in tc["rows"]:
-            note = "" if r["adversarial"] else "  (within the limit)"
-            lines.append(
-                f"    {r['input']:40s} {r['bytes']:9d} {r['decided_by']:>11s} "
-                f"{r['decision_mb_s']:10.1f} {r['tiktoken_mb_s']:10.1f} {r['speedup']:8.1f}x{note}"
-            )
-        for part, label in (("depth_scan", "depth scan"), ("token_count", "token counting")):
-            w = tp["worst"][part]
-            lines.append(
-                f"    target {label} >= {TARGET_MB_S:g} MB/s on adversarial input: worst "
-                f"{w['mb_s']:.1f} MB/s ({w['input']}): {_mark(w['mb_s'] >= TARGET_MB_S)}"
-            )
+    if result["seed"] is not None:
+        lines += _seed_lines(result["seed"], result.get("in_process"))
+    if result["throughput"] is not None:
+        lines += ["", *_throughput_lines(result["throughput"])]
     lines.append("")
-    vuln = result["vulnerable"]
-    if vuln is None:
-        lines.append(
-            "(c) vulnerable profile: skipped (pass --vulnerable, or run `schedguard demo`)"
-        )
-    else:
-        what = f"{vuln['status']} {vuln['code']}" if vuln["status"] is not None else vuln["outcome"]
-        lines.append(
-            f"(c) vulnerable profile, seed payload, {MEM_LIMIT // MiB} MiB cap: {what} after "
-            f"{vuln['latency_ms']:.0f} ms, server peak RSS {vuln['peak_rss_mb']:.0f} MB "
-            f"{vuln['detail']}".rstrip()
-        )
+    lines.append(_vulnerable_line(result["vulnerable"]))
     return "\n".join(lines)
+
+
+def _seed_lines(seed: dict[str, Any], inproc: dict[str, Any] | None) -> list[str]:
+    """(a): the seed payload's outcome, latencies and RSS against the write-up and the targets."""
+    srv, cli = seed["server_ms"], seed["client_ms"]
+    growth = max(seed["rss_growth_mb"], seed["rss_peak_growth_mb"])
+    lines = [
+        f"(a) seed payload ({seed['payload_bytes']} B) on the hardened profile, "
+        f"{seed['runs']} runs after {seed['warmup']} warm-up",
+        f"    outcome: {seed['status']} {seed['code']}"
+        + ("" if seed["stable"] else f"  (NOT stable: {seed['outcomes']})"),
+        f"    {'':30s} {'median':>9s} {'p99':>9s}   seed write-up   ratio",
+        f"    {'server-side latency (ms)':30s} {srv['median']:9.3f} {srv['p99']:9.3f}   "
+        f"{REFERENCE_LATENCY_MS:9.0f} ms   {REFERENCE_LATENCY_MS / srv['median']:7.0f}x",
+        f"    {'client latency, HTTP (ms)':30s} {cli['median']:9.3f} {cli['p99']:9.3f}   "
+        f"{REFERENCE_LATENCY_MS:9.0f} ms   {REFERENCE_LATENCY_MS / cli['median']:7.0f}x",
+    ]
+    if inproc is not None:
+        ip = inproc["ms"]
+        lines.append(
+            f"    {'in-process, ASGITransport (ms)':30s} {ip['median']:9.3f} {ip['p99']:9.3f}"
+            f"   (no socket, no uvicorn; RSS growth {inproc['rss_growth_mb']:.2f} MB)"
+        )
+    lines += [
+        f"    server peak RSS: {seed['rss_peak_mb']:.1f} MB   seed write-up: "
+        f"{REFERENCE_PEAK_RSS_MB:.0f} MB   ratio {REFERENCE_PEAK_RSS_MB / seed['rss_peak_mb']:.1f}x",
+        f"    server RSS: {seed['rss_before_mb']:.1f} MB before, {seed['rss_after_mb']:.1f} MB "
+        f"after -> growth {seed['rss_growth_mb']:+.2f} MB (peak {seed['rss_peak_growth_mb']:+.2f} MB)",
+        f"    target 4xx, stable code, <= {TARGET_SERVER_MS:g} ms server-side (median): "
+        + _mark(400 <= seed["status"] < 500 and seed["stable"]
+                and srv["median"] <= TARGET_SERVER_MS),
+        f"    target RSS growth <= {TARGET_RSS_GROWTH_MB:g} MB: "
+        + _mark(growth <= TARGET_RSS_GROWTH_MB),
+    ]  # fmt: skip
+    return lines
+
+
+def _throughput_lines(tp: dict[str, Any]) -> list[str]:
+    """(b): the depth scan's and the token-limit decision's MB/s, each row, the worst."""
+    lines = [f"(b) throughput, median of {tp['runs']} runs (MB/s = input bytes / time)"]
+    lines.append(
+        f"    depth scan, check_template(max_depth={tp['depth_scan']['max_depth']}) "
+        "vs a per-char Python loop"
+    )
+    lines.append(
+        f"    {'input':36s} {'bytes':>9s} {'outcome':>24s} {'scan MB/s':>10s} "
+        f"{'loop MB/s':>10s} {'speedup':>8s}"
+    )
+    for r in tp["depth_scan"]["rows"]:
+        lines.append(
+            f"    {r['input']:36s} {r['bytes']:9d} {r['outcome']:>24s} {r['scan_mb_s']:10.1f} "
+            f"{r['naive_mb_s']:10.1f} {r['speedup']:7.1f}x"
+        )
+    tc = tp["token_count"]
+    lines.append(
+        f"    token-limit decision ({tc['tokenizer']}, limit {tc['limit']}) vs tiktoken "
+        "encoding the whole input"
+    )
+    lines.append(
+        f"    {'input':40s} {'bytes':>9s} {'decided by':>11s} {'MB/s':>10s} "
+        f"{'tiktoken':>10s} {'speedup':>9s}"
+    )
+    for r in tc["rows"]:
+        note = "" if r["adversarial"] else "  (within the limit)"
+        lines.append(
+            f"    {r['input']:40s} {r['bytes']:9d} {r['decided_by']:>11s} "
+            f"{r['decision_mb_s']:10.1f} {r['tiktoken_mb_s']:10.1f} {r['speedup']:8.1f}x{note}"
+        )
+    for part, label in (("depth_scan", "depth scan"), ("token_count", "token counting")):
+        w = tp["worst"][part]
+        lines.append(
+            f"    target {label} >= {TARGET_MB_S:g} MB/s on adversarial input: worst "
+            f"{w['mb_s']:.1f} MB/s ({w['input']}): {_mark(w['mb_s'] >= TARGET_MB_S)}"
+        )
+    return lines
+
+
+def _vulnerable_line(vuln: dict[str, Any] | None) -> str:
+    """(c): what the seed payload did to the vulnerable profile, if it was run."""
+    if vuln is None:
+        return "(c) vulnerable profile: skipped (pass --vulnerable, or run `schedguard demo`)"
+    what = f"{vuln['status']} {vuln['code']}" if vuln["status"] is not None else vuln["outcome"]
+    return (
+        f"(c) vulnerable profile, seed payload, {MEM_LIMIT // MiB} MiB cap: {what} after "
+        f"{vuln['latency_ms']:.0f} ms, server peak RSS {vuln['peak_rss_mb']:.0f} MB "
+        f"{vuln['detail']}".rstrip()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
