@@ -407,53 +407,7 @@ def _setup_locked(
     stamp = read_stamp(paths)
     install = stamp.get("install", {})
     if force or install.get("key") != key or not paths.python.exists():
-        if paths.venv.exists():
-            say(up.name, f"removing the old venv {paths.venv}")
-            shutil.rmtree(paths.venv)
-        stamp = {"name": up.name}
-        write_stamp(paths, stamp)
-        say(up.name, f"installing {up.summary} into {paths.venv} ({up.install_estimate})")
-        say(up.name, f"pip output: {paths.setup_log}")
-        steps: list[tuple[str, list[str], dict[str, str]]] = [
-            (f"venv (Python {python_version})", [python, "-m", "venv", str(paths.venv)], {}),
-            ("pip upgrade", [str(paths.python), "-m", "pip", "install", "--upgrade", "pip"], {}),
-            (
-                "pip install " + " ".join(up.requirements),
-                [str(paths.python), "-m", "pip", "install", *up.requirements],
-                up.install_env,
-            ),
-        ]
-        started = time.monotonic()
-        for i, (label, argv, env) in enumerate(steps, 1):
-            t0 = time.monotonic()
-            say(up.name, f"step {i}/{len(steps) + 2}: {label}")
-            run_step(up, paths, argv, env=env, verbose=verbose)
-            say(up.name, f"  done in {time.monotonic() - t0:.0f} s")
-        n = len(steps) + 1
-        present = installed_versions(paths, up.remove_after)
-        if present:
-            say(up.name, f"step {n}/{n + 1}: uninstall {' '.join(present)} (CUDA builds)")
-            run_step(up, paths, [str(paths.python), "-m", "pip", "uninstall", "-y", *present])
-        else:
-            say(up.name, f"step {n}/{n + 1}: nothing to uninstall")
-        say(up.name, f"step {n + 1}/{n + 1}: import check")
-        check = run_step(up, paths, [str(paths.python), "-c", up.import_check])
-        seconds = round(time.monotonic() - started)
-        install = {
-            "key": key,
-            "python": python_version,
-            "requirements": list(up.requirements),
-            "removed": sorted(present),
-            "install_env": up.install_env,
-            "versions": installed_versions(paths, up.recorded),
-            "check": check.strip().splitlines()[-1] if check.strip() else "",
-            "seconds": seconds,
-            "venv_mb": dir_size_mb(paths.venv),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        stamp = {"name": up.name, "install": install}
-        write_stamp(paths, stamp)
-        say(up.name, f"installed in {seconds} s, venv {install['venv_mb']} MB")
+        stamp = _install(up, paths, python, python_version, key, verbose=verbose)
     else:
         say(
             up.name,
@@ -463,26 +417,85 @@ def _setup_locked(
     mkey = model_key(up, key)
     model = stamp.get("model", {})
     if force or model.get("key") != mkey or not (paths.model_dir / up.model_entry).exists():
-        say(up.name, f"generating the tiny model into {paths.model_dir}")
-        t0 = time.monotonic()
-        tmp = paths.root / "model.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        out = run_step(up, paths, [str(paths.python), str(HERE / up.generator), str(tmp)])
-        # Replaced only once complete, so a server never loads half a model.
-        shutil.rmtree(paths.model_dir, ignore_errors=True)
-        tmp.replace(paths.model_dir)
-        summary = json.loads(out.strip().splitlines()[-1])
-        stamp["model"] = {
-            "key": mkey,
-            "entry": up.model_entry,
-            "seconds": round(time.monotonic() - t0, 1),
-            "summary": {k: v for k, v in summary.items() if k not in ("dir", "file")},
-        }
-        write_stamp(paths, stamp)
-        say(up.name, f"  model done in {time.monotonic() - t0:.0f} s")
+        _generate_model(up, paths, stamp, mkey)
     else:
         say(up.name, "model up to date")
     say(up.name, "set up: " + str(paths.root))
+
+
+def _install(
+    up: UpstreamRecipe, paths: Paths, python: str, python_version: str, key: str, *, verbose: bool
+) -> dict[str, Any]:
+    """A fresh venv with the upstream's requirements (CUDA builds removed), import-checked;
+    the new stamp, written once the install is complete."""
+    if paths.venv.exists():
+        say(up.name, f"removing the old venv {paths.venv}")
+        shutil.rmtree(paths.venv)
+    write_stamp(paths, {"name": up.name})
+    say(up.name, f"installing {up.summary} into {paths.venv} ({up.install_estimate})")
+    say(up.name, f"pip output: {paths.setup_log}")
+    steps: list[tuple[str, list[str], dict[str, str]]] = [
+        (f"venv (Python {python_version})", [python, "-m", "venv", str(paths.venv)], {}),
+        ("pip upgrade", [str(paths.python), "-m", "pip", "install", "--upgrade", "pip"], {}),
+        (
+            "pip install " + " ".join(up.requirements),
+            [str(paths.python), "-m", "pip", "install", *up.requirements],
+            up.install_env,
+        ),
+    ]
+    started = time.monotonic()
+    for i, (label, argv, env) in enumerate(steps, 1):
+        t0 = time.monotonic()
+        say(up.name, f"step {i}/{len(steps) + 2}: {label}")
+        run_step(up, paths, argv, env=env, verbose=verbose)
+        say(up.name, f"  done in {time.monotonic() - t0:.0f} s")
+    n = len(steps) + 1
+    present = installed_versions(paths, up.remove_after)
+    if present:
+        say(up.name, f"step {n}/{n + 1}: uninstall {' '.join(present)} (CUDA builds)")
+        run_step(up, paths, [str(paths.python), "-m", "pip", "uninstall", "-y", *present])
+    else:
+        say(up.name, f"step {n}/{n + 1}: nothing to uninstall")
+    say(up.name, f"step {n + 1}/{n + 1}: import check")
+    check = run_step(up, paths, [str(paths.python), "-c", up.import_check])
+    seconds = round(time.monotonic() - started)
+    install = {
+        "key": key,
+        "python": python_version,
+        "requirements": list(up.requirements),
+        "removed": sorted(present),
+        "install_env": up.install_env,
+        "versions": installed_versions(paths, up.recorded),
+        "check": check.strip().splitlines()[-1] if check.strip() else "",
+        "seconds": seconds,
+        "venv_mb": dir_size_mb(paths.venv),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    stamp = {"name": up.name, "install": install}
+    write_stamp(paths, stamp)
+    say(up.name, f"installed in {seconds} s, venv {install['venv_mb']} MB")
+    return stamp
+
+
+def _generate_model(up: UpstreamRecipe, paths: Paths, stamp: dict[str, Any], mkey: str) -> None:
+    """The tiny model, generated aside and moved into place whole; recorded in the stamp."""
+    say(up.name, f"generating the tiny model into {paths.model_dir}")
+    t0 = time.monotonic()
+    tmp = paths.root / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    out = run_step(up, paths, [str(paths.python), str(HERE / up.generator), str(tmp)])
+    # Replaced only once complete, so a server never loads half a model.
+    shutil.rmtree(paths.model_dir, ignore_errors=True)
+    tmp.replace(paths.model_dir)
+    summary = json.loads(out.strip().splitlines()[-1])
+    stamp["model"] = {
+        "key": mkey,
+        "entry": up.model_entry,
+        "seconds": round(time.monotonic() - t0, 1),
+        "summary": {k: v for k, v in summary.items() if k not in ("dir", "file")},
+    }
+    write_stamp(paths, stamp)
+    say(up.name, f"  model done in {time.monotonic() - t0:.0f} s")
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
