@@ -291,12 +291,32 @@ def main() -> None:
         flood_child(int(sys.argv[2]), int(sys.argv[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--connections", type=int, default=20_000)
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=20_000,
+        help="idle sockets opened from one peer (default 20000; the process's own open-file "
+        "limit is raised to fit)",
+    )
     parser.add_argument("--src", help="a directory with another version of the guard")
-    parser.add_argument("--guard-nofile", default="20000:20000", help="SOFT:HARD for the guard")
-    parser.add_argument("--hold-s", type=float, default=12.0, help="then count open ones again")
-    parser.add_argument("--guard-log", default="/tmp/schedguard-idle-guard.log")
-    parser.add_argument("--json", help="also write the result here")
+    parser.add_argument(
+        "--guard-nofile",
+        default="20000:20000",
+        help="the guard's open-file limit, SOFT:HARD (default 20000:20000)",
+    )
+    parser.add_argument(
+        "--hold-s",
+        type=float,
+        default=12.0,
+        help="seconds to wait after the benign requests before counting the open sockets again "
+        "(default 12: past the head timeout)",
+    )
+    parser.add_argument(
+        "--guard-log",
+        default="/tmp/schedguard-idle-guard.log",
+        help="where the guard's own log goes (default /tmp/schedguard-idle-guard.log)",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON here")
     args = parser.parse_args()
     result = run(args)
     text = json.dumps(result, indent=2)

@@ -65,6 +65,11 @@ BENCHES: dict[str, Bench] = {
         keys=frozenset({"tokenizer", "runs", "rows"}),
         row_keys=frozenset({"policy", "body", "us", "prompt_tokens", "verdict", "body_bytes"}),
     ),
+    "idle_connections.py": Bench(
+        ("--connections", "200", "--hold-s", "1", "--json", "{json}"),
+        json_on_stdout=False,
+        keys=frozenset({"connections", "flood", "after_flood", "same_peer_retry", "rss_mb"}),
+    ),
     "guided_check.py": Bench(
         ("--repeat", "1", "--sizes", "1,2", "--json"),
         json_on_stdout=True,
