@@ -13,12 +13,15 @@ during that payload; an upper bound of the tree's peak, since each process peaks
 and after it the upstream must answer ``GET /v1/models`` and its process must live.
 
 A payload *harms* the upstream when (any of): the answer is a 5xx that is not the server's own
-way of refusing input (llama-cpp-python answers pydantic validation errors with 500); the
-upstream died (``crash``); it stopped answering (``hang``: no answer in the timeout, or no
-health within ``recover_s`` after); its peak RSS went over ``rss_budget_mb`` above its RSS
-after start; or the answer took over ``latency_budget_s`` (not for payloads whose own transport
-is slow: the slow-loris and stalled bodies). A dead or hung upstream is restarted (by the
-caller's :class:`UpstreamHandle`) before the next payload.
+way of refusing input (llama-cpp-python answers pydantic validation errors with 500); a
+process of the upstream's tree died (``crash``: vLLM's engine core and worker count, its API
+server outlives them); it stopped answering (``hang``: no answer in the timeout, or no health
+within ``recover_s`` after: vLLM's ``/health``, else ``/v1/models``); its peak RSS during the
+payload went over ``rss_budget_mb`` above its RSS before it, or this payload took it past
+``rss_budget_mb`` above its RSS after start (growth that stays is counted once, on the payload
+that crossed); or the answer took over ``latency_budget_s`` (not for payloads whose own
+transport is slow: the slow-loris and stalled bodies). A dead or hung upstream is restarted
+(by the caller's :class:`UpstreamHandle`) before the next payload.
 """
 
 from __future__ import annotations
@@ -128,20 +131,29 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def healthy(base_url: str, timeout_s: float = 5.0) -> bool:
-    """``GET /v1/models`` answers 200 now."""
+def _get_status(base_url: str, path: str, timeout_s: float) -> int:
     host, _, port = base_url.removeprefix("http://").rstrip("/").partition(":")
     conn = http.client.HTTPConnection(host, int(port or 80), timeout=timeout_s)
     try:
-        conn.request("GET", "/v1/models")
+        conn.request("GET", path)
         resp = conn.getresponse()
         resp.read()
-        return resp.status == 200
+        return resp.status
     except (OSError, http.client.HTTPException):
-        return False
+        return 0
     finally:
         with contextlib.suppress(OSError):
             conn.close()
+
+
+def healthy(base_url: str, timeout_s: float = 5.0) -> bool:
+    """The server can serve: ``GET /health`` is 200 where it exists (vLLM's says whether its
+    engine is alive; its API server keeps answering ``/v1/models`` for a while after the
+    engine died), else ``GET /v1/models`` is 200 (llama-cpp-python has no ``/health``)."""
+    status = _get_status(base_url, "/health", timeout_s)
+    if status == 404:
+        status = _get_status(base_url, "/v1/models", timeout_s)
+    return status == 200
 
 
 def _port_free(port: int) -> bool:
@@ -314,14 +326,22 @@ def run_payload(
     budgets: Budgets,
     baseline_rss_mb: float,
     refusal_5xx: re.Pattern[bytes] | None = None,
+    tree: Sequence[int] = (),
 ) -> Outcome:
     """Send ``payload`` once to ``target_url`` (the upstream itself or a guard in front of it)
-    and judge what it did to ``upstream``; restarts ``upstream`` when it died or hung."""
+    and judge what it did to ``upstream``; restarts ``upstream`` when it died or hung.
+
+    ``tree``: the upstream's processes when it was started (vLLM: API server, engine core,
+    worker); any of them gone is a crash. RSS: ``rss`` when the payload's own peak is over
+    ``rss_budget_mb`` above the tree's RSS before it, or when it is the payload that took the
+    tree past ``baseline_rss_mb`` + ``rss_budget_mb`` (growth that stays, counted once)."""
     headers, body = prepare(payload, model)
     slow = _slow_transport(payload)
     timeout = budgets.stalled_timeout_s if slow else budgets.timeout_s
     pid = upstream.pid
+    tree = tuple(tree) or tuple(process_tree(pid))
     reset_peaks(pid)
+    before_mb = tree_memory(pid)[0] / _MB
     resp = send_raw(
         target_url,
         payload.method,
@@ -341,20 +361,25 @@ def run_payload(
         harm.append("hang")
     if not slow and resp.elapsed_s > budgets.latency_budget_s:
         harm.append("latency")
-    alive = pid_alive(pid)
+
+    def tree_alive() -> bool:
+        return all(pid_alive(p) for p in tree)
+
+    alive = tree_alive()
     if alive:
         deadline = time.monotonic() + budgets.recover_s
         while not (ok := healthy(upstream.base_url)) and time.monotonic() < deadline:
-            if not pid_alive(pid):
+            if not tree_alive():
                 break
             time.sleep(0.5)  # waiting for a busy upstream to answer its health check again
-        alive = ok
-    if not pid_alive(pid):
+        alive = ok and tree_alive()
+    if not tree_alive():
         harm.append("crash")
     elif not alive and "hang" not in harm:
         harm.append("hang")
     peak_mb = hwm / _MB
-    if peak_mb > baseline_rss_mb + budgets.rss_budget_mb:
+    bound = baseline_rss_mb + budgets.rss_budget_mb
+    if peak_mb - before_mb > budgets.rss_budget_mb or (before_mb <= bound < peak_mb):
         harm.append("rss")
     rss_after, _ = tree_memory(pid) if alive else (0, 0)
     outcome = Outcome(
@@ -390,9 +415,11 @@ def run_corpus(
     on_outcome: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
     """:func:`run_payload` for each payload in turn; the RSS budget is over the upstream's RSS
-    before the first payload (and after each restart)."""
+    before the first payload, and its process tree is the one it had then (both taken again
+    after each restart)."""
     out: list[Outcome] = []
     baseline = tree_memory(upstream.pid)[0] / _MB
+    tree = process_tree(upstream.pid)
     for payload in payloads:
         pid = upstream.pid
         o = run_payload(
@@ -403,9 +430,11 @@ def run_corpus(
             budgets=budgets,
             baseline_rss_mb=baseline,
             refusal_5xx=refusal_5xx,
+            tree=tree,
         )
         if upstream.pid != pid:
             baseline = tree_memory(upstream.pid)[0] / _MB
+            tree = process_tree(upstream.pid)
         out.append(o)
         if on_outcome is not None:
             on_outcome(o)
