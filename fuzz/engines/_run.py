@@ -34,7 +34,8 @@ class RunOptions:
     temporary one, or none. ``save_root``: the corpus root a finding is saved under, as
     ``<save_root>/found/<target>/<id>.yaml``; None: findings are not saved. ``stop_on_first``:
     end at the first finding (what the time to first finding measures). ``minimise_s``: the
-    time ddmin gets per finding.
+    time ddmin gets per finding. ``max_execs``: end after about this many executions too (a
+    count that means the same on a busy machine; the engine's batch may overshoot it).
     """
 
     duration_s: float
@@ -44,6 +45,7 @@ class RunOptions:
     minimise_s: float = 20.0
     save_root: Path | None = None
     stop_on_first: bool = False
+    max_execs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,9 @@ class EngineRun:
         return time.monotonic() - self.started
 
     def over(self) -> bool:
-        """Whether the run's duration is spent."""
-        return time.monotonic() >= self.deadline
+        """Whether the run's duration (or its count of executions) is spent."""
+        limit = self.options.max_execs
+        return time.monotonic() >= self.deadline or (limit is not None and self.execs >= limit)
 
     # ----------------------------------------------------------------------------- events
 

@@ -144,8 +144,13 @@ def run_engine(
                 seed=0 if opts.seed is None else opts.seed,
                 budgets=budgets,
                 dictionary=dictionary,
-                # Stop at the first finding the oracle confirms (not at an unconfirmed artifact).
-                should_stop=(lambda: bool(triage.confirmed_at)) if opts.stop_on_first else None,
+                # Stop at the first finding the oracle confirms (not at an unconfirmed artifact),
+                # or once max_execs are done (libFuzzer's -runs ends each process there).
+                extra_flags=() if opts.max_execs is None else (f"-runs={opts.max_execs}",),
+                should_stop=lambda: (
+                    (opts.stop_on_first and bool(triage.confirmed_at))
+                    or (opts.max_execs is not None and run.execs >= opts.max_execs)
+                ),
                 on_exit=triage.todo.join if opts.stop_on_first else None,
                 on_tick=on_tick,
                 on_artifact=triage.put,

@@ -124,7 +124,7 @@ def test_campaign_on_hardened_target_reports_execs_and_no_finding(tmp_path: Path
     run = EngineRun(
         get_target(name),
         lambda: Oracle(name, isolate=False),
-        RunOptions(duration_s=3, out_dir=tmp_path, seed=5),
+        RunOptions(duration_s=120, out_dir=tmp_path, seed=5, max_execs=200),
         on_progress=progress.append,
     )
     result = he.run_engine(run, round_examples=100)
