@@ -210,6 +210,30 @@ def test_chat_with_tools_and_a_past_tool_call(
     assert reply.usage.prompt_tokens == rendered_prompt_tokens(upstream, messages, tools=TOOLS)
 
 
+def test_named_tool_choice(upstream: RunningUpstream, client: openai.OpenAI) -> None:
+    """A forced call of a named function: vLLM constrains the output to that function's
+    arguments schema and answers with a parsed tool call."""
+    if upstream.name == "llamacpp":
+        pytest.skip("llama-cpp-python 0.3.36 forces a named tool only with its functionary / "
+                    "chatml-function-calling formats, not with a GGUF's own chat template")  # fmt: skip
+    reply = chat(
+        client,
+        model=upstream.model,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=48,
+        temperature=0,
+    )
+    calls = reply.choices[0].message.tool_calls or []
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    if reply.choices[0].finish_reason == "length":
+        return  # a random model may spend its budget on the whitespace the schema allows
+    assert [c.function.name for c in calls if c.type == "function"] == ["get_weather"]
+    args = json.loads(calls[0].function.arguments)  # type: ignore[union-attr]
+    assert isinstance(args, dict) and isinstance(args.get("city", ""), str)
+
+
 def test_response_format_json_schema(upstream: RunningUpstream, client: openai.OpenAI) -> None:
     schema = {
         "type": "object",
