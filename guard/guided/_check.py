@@ -49,14 +49,8 @@ from guard.guided._limits import GuidedLimits
 from guard.guided._llamacpp import llama_cpp_schemas, schema_grammar_problem
 from guard.guided._re2 import re2_program_size
 from guard.guided._regex_scan import UNSAFE, scan_regex
-from guard.guided._schema_facts import (
-    BOUND_SKIP,
-    FACT_KEYS,
-    Memo,
-    SchemaFacts,
-    add_node,
-    bound_here,
-)
+from guard.guided._schema_bounds import bound_here
+from guard.guided._schema_facts import BOUND_SKIP, FACT_KEYS, Memo, SchemaFacts, add_node
 
 __all__ = ["check_guided_decoding"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["largest_bound_product"]
+__all__ = ["bound_here", "largest_bound_product"]
 
 _CAP = 10**30
 _ARRAY_KEYS = ("minItems", "maxItems")
@@ -29,6 +29,15 @@ def _bound(node: Mapping[str, Any], keys: tuple[str, str]) -> int:
         if isinstance(value, int | float) and not isinstance(value, bool) and value > best:
             best = int(min(value, _CAP))
     return best
+
+
+def bound_here(node: Mapping[str, Any], product: int) -> int:
+    """The nested-bound product at ``node`` given the product above it."""
+    if "minItems" in node or "maxItems" in node:
+        product = min(_CAP, product * _bound(node, _ARRAY_KEYS))
+    if "minLength" in node or "maxLength" in node:
+        product = min(_CAP, product * _bound(node, _STRING_KEYS))
+    return product
 
 
 def _resolve(root: Any, ref: str) -> Any:
@@ -65,11 +74,7 @@ def largest_bound_product(schema: Any, max_visits: int) -> int:
         ref = node.get("$ref")
         if isinstance(ref, str) and ref not in refs:
             stack.append((_resolve(schema, ref), product, refs | {ref}))
-        here = product
-        if any(k in node for k in _ARRAY_KEYS):
-            here = min(_CAP, here * _bound(node, _ARRAY_KEYS))
-        if any(k in node for k in _STRING_KEYS):
-            here = min(_CAP, here * _bound(node, _STRING_KEYS))
+        here = bound_here(node, product)
         best = max(best, here)
         for key, value in node.items():
             if key in ("enum", "const", "examples", "default", "$defs", "definitions"):

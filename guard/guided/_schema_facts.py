@@ -23,12 +23,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from guard.guided._regex_syntax import guidance_rejects_regex, xgrammar_rejects_regex
+from guard.guided._schema_bounds import bound_here
 
-__all__ = ["BOUND_SKIP", "FACT_KEYS", "SchemaFacts", "add_node", "bound_here", "facts_of"]
+__all__ = ["BOUND_SKIP", "FACT_KEYS", "SchemaFacts", "add_node", "facts_of"]
 
 _CAP = 10**30
 _ARRAY_KEYS = ("minItems", "maxItems")
-_STRING_KEYS = ("minLength", "maxLength")
 BOUND_SKIP = frozenset({"enum", "const", "examples", "default", "$defs", "definitions"})
 """Keys whose values the nested-bound walk does not enter (data, or reached through $ref)."""
 
@@ -258,24 +258,6 @@ def add_node(node: Mapping[str, Any], f: SchemaFacts) -> None:
                 count = count_of(node[key])
                 if count:
                     f.g_items.append(count)
-
-
-def _bound(node: Mapping[str, Any], keys: tuple[str, str]) -> int:
-    best = 1
-    for key in keys:
-        value = node.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > best:
-            best = int(min(value, _CAP))
-    return best
-
-
-def bound_here(node: Mapping[str, Any], product: int) -> int:
-    """The nested-bound product at ``node`` given the product above it."""
-    if "minItems" in node or "maxItems" in node:
-        product = min(_CAP, product * _bound(node, _ARRAY_KEYS))
-    if "minLength" in node or "maxLength" in node:
-        product = min(_CAP, product * _bound(node, _STRING_KEYS))
-    return product
 
 
 Memo = dict[int, tuple[Any, SchemaFacts]]
