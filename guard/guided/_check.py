@@ -903,12 +903,7 @@ def _check_grammar(ctx: _Ctx, text: Any, path: _Path, *, gbnf_only: bool) -> Non
         else:  # llama.cpp's own reading: what its parser refuses crashes llama-cpp-python
             parse_gbnf(
                 text,
-                GbnfLimits(
-                    max_depth=limits.max_grammar_depth,
-                    max_elements=limits.max_grammar_elements,
-                    max_steps=limits.max_grammar_steps,
-                    max_left_depth=limits.max_grammar_left_depth,
-                ),
+                GbnfLimits.of(limits, limits.max_grammar_depth),
             )
     except RegexRejected as e:
         if e.code == "guided_grammar_invalid":

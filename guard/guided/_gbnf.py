@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guard.errors import RegexRejected
+from guard.guided._limits import GuidedLimits
 
 __all__ = ["GbnfLimits", "parse_gbnf"]
 
@@ -51,6 +52,16 @@ class GbnfLimits:
     max_elements: int  # grammar elements (plus 4 a rule) llama.cpp allocates
     max_steps: int  # calls of llama.cpp's left-recursion check
     max_left_depth: int  # its recursion depth along leftmost rule references
+
+    @classmethod
+    def of(cls, limits: GuidedLimits, max_depth: int) -> GbnfLimits:
+        """The policy's grammar limits, with the nesting cap of the grammar's source."""
+        return cls(
+            max_depth=max_depth,
+            max_elements=limits.max_grammar_elements,
+            max_steps=limits.max_grammar_steps,
+            max_left_depth=limits.max_grammar_left_depth,
+        )
 
 
 class _Invalid(Exception):

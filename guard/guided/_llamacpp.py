@@ -72,12 +72,7 @@ def schema_grammar_problem(schema: Any, limits: GuidedLimits) -> RegexRejected |
     try:
         parse_gbnf(
             grammar,
-            GbnfLimits(
-                max_depth=limits.max_schema_grammar_depth,
-                max_elements=limits.max_grammar_elements,
-                max_steps=limits.max_grammar_steps,
-                max_left_depth=limits.max_grammar_left_depth,
-            ),
+            GbnfLimits.of(limits, limits.max_schema_grammar_depth),
         )
     except RegexRejected as e:
         return e
