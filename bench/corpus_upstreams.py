@@ -41,6 +41,7 @@ from loadtests.upstream_corpus import (  # noqa: E402
     Budgets,
     Outcome,
     ScriptUpstream,
+    guard_policy,
     run_corpus,
     summarize,
 )
@@ -50,22 +51,6 @@ from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard
 UPSTREAMS = ("vllm", "llamacpp")
 MODES = ("unguarded", "guarded")
 GUARD_MEM_LIMIT = 1 << 30
-
-
-def guard_policy(tmp: Path, tokenizer: Path) -> Path:
-    """The default policy with the model's tokenizer named (exact counts), the token caps set
-    for this server (prompts up to its 4096-token context less the output cap; outputs clamped
-    to 512 tokens, which the CPU servers generate within the latency budget) and no rate limits:
-    the corpus is sent one payload after another by one client, and what is measured is what
-    each payload does to the upstream, not the rate limiter. tests/e2e/test_corpus_e2e.py uses
-    the same policy."""
-    policy = tmp / "policy.yaml"
-    policy.write_text(
-        f"limits:\n  tokens:\n    tokenizer: {tokenizer}\n"
-        "    max_prompt_tokens: 3584\n    max_output_tokens: 512\n    over_max_output: clamp\n"
-        "rate:\n  requests_per_minute: null\n  tokens_per_minute: null\n"
-    )
-    return policy
 
 
 def start_guard(upstream_url: str, policy: Path) -> RunningServer:

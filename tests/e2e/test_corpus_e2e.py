@@ -29,6 +29,7 @@ from loadtests.upstream_corpus import (
     LLAMACPP_REFUSAL,
     Budgets,
     ScriptUpstream,
+    guard_policy,
     run_payload,
     tree_memory,
 )
@@ -112,16 +113,6 @@ class Target:
     baseline_rss_mb: float
 
 
-def _policy(tmp: Path, tokenizer: Path) -> Path:
-    policy = tmp / "policy.yaml"
-    policy.write_text(
-        f"limits:\n  tokens:\n    tokenizer: {tokenizer}\n"
-        "    max_prompt_tokens: 3584\n    max_output_tokens: 512\n    over_max_output: clamp\n"
-        "rate:\n  requests_per_minute: null\n  tokens_per_minute: null\n"
-    )
-    return policy
-
-
 @pytest.fixture(scope="module", params=["vllm", "llamacpp"])
 def target(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -141,7 +132,7 @@ def target(
         up.start()
         tokenizer = session.tokenizer_json
     tmp = tmp_path_factory.mktemp(f"corpus-{name}")
-    guard = start(guard_spec("guard", up.base_url, _policy(tmp, tokenizer)))
+    guard = start(guard_spec("guard", up.base_url, guard_policy(tmp, tokenizer)))
     try:
         guard.wait_ready(120)
         baseline = tree_memory(up.pid)[0] / (1 << 20)
