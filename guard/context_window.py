@@ -19,7 +19,7 @@ import contextlib
 import logging
 from typing import Any, Literal
 
-from guard.http import Upstream, max_model_len_of, serves_vllm
+from guard.http import Upstream, max_model_len_of, upstream_kind_of
 from guard.policy import Policy
 
 __all__ = ["ContextWindow", "WindowSource", "in_force"]
@@ -34,9 +34,9 @@ RETRY_S = 5.0
 def in_force(base: Policy, models: Any) -> tuple[Policy, WindowSource]:
     """``base`` with what ``models`` (the upstream's ``/v1/models`` document; None when it did
     not answer) puts in force, and where the context window comes from: the upstream's
-    ``max_model_len`` (unless the policy sets one) and, for
-    ``limits.guided.llama_cpp_schemas: auto``, whether the upstream is vLLM."""
-    policy = base if models is None else base.with_upstream_kind(serves_vllm(models))
+    ``max_model_len`` (unless the policy sets one) and, for ``upstream.kind: auto``, its kind
+    (``other`` until it answers; ``limits.guided.llama_cpp_schemas: auto`` follows it)."""
+    policy = base.with_upstream_kind("other" if models is None else upstream_kind_of(models))
     if base.limits.tokens.context_length_from == "policy":
         return policy, "policy"
     reported = None if models is None else max_model_len_of(models)
@@ -51,6 +51,8 @@ class ContextWindow:
     def __init__(self, holder: Any, upstream: Upstream) -> None:
         self._holder = holder
         self._base: Policy = holder.policy
+        # An upstream.kind the policy names is in force before the upstream answers.
+        holder.policy = self._base.with_upstream_kind("other")
         self._upstream = upstream
         self.source: WindowSource = self._initial_source()
         self.answered = False  # the upstream has answered GET /v1/models at least once
@@ -66,19 +68,24 @@ class ContextWindow:
 
     def describe(self) -> dict[str, Any]:
         """``{"context_length": N or None, "context_length_source": "policy" | "upstream" |
-        "default", "llama_cpp_schemas": whether schemas are checked as llama-cpp-python
-        converts them}``."""
+        "default", "upstream_kind": "vllm" | "llama_cpp" | "other" (the kind in force),
+        "llama_cpp_schemas": whether schemas are checked as llama-cpp-python converts them}``."""
         policy: Policy = self._holder.policy
         return {
             "context_length": self.value,
             "context_length_source": self.source,
+            "upstream_kind": policy.upstream_kind,
             "llama_cpp_schemas": policy.limits.guided.llama_cpp_schemas is not False,
         }
 
     async def refresh(self) -> bool:
         """Ask the upstream once; True when it answered (with a window or without one)."""
         base = self._base.limits
-        if base.tokens.context_length_from == "policy" and base.guided.llama_cpp_schemas != "auto":
+        if (
+            base.tokens.context_length_from == "policy"
+            and base.guided.llama_cpp_schemas != "auto"
+            and self._base.upstream.kind != "auto"
+        ):
             return True  # nothing the upstream says would change the policy
         models = await self._upstream.models()
         if models is None:
@@ -86,7 +93,10 @@ class ContextWindow:
         self.answered = True
         reported = max_model_len_of(models)
         previous = self.value
+        previous_kind = self._holder.policy.upstream_kind
         self._holder.policy, self.source = in_force(self._base, models)
+        if self._holder.policy.upstream_kind != previous_kind:
+            _log.info("upstream kind in force: %s", self._holder.policy.upstream_kind)
         if self.value != previous:
             _log.info(
                 "context window in force: %s tokens (%s)", self.value, self._described_source()

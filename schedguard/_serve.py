@@ -201,6 +201,7 @@ def show_policy(path: str | None, *, as_json: bool = False, upstream: str | None
         "context_length": policy.limits.tokens.context_length,
         "source": source,
         "upstream": upstream,
+        "upstream_kind": policy.upstream_kind,
     }
     text = policy_to_yaml(policy)
     if as_json:
@@ -224,7 +225,10 @@ def _context_comment(window: Mapping[str, object]) -> str:
         said = "the default: the upstream reports no max_model_len"
     else:
         said = _SOURCES[source]
-    return f"# context window in force: {window['context_length']} tokens ({said})\n"
+    return (
+        f"# context window in force: {window['context_length']} tokens ({said})\n"
+        f"# upstream kind in force: {window['upstream_kind']}\n"
+    )
 
 
 def _models_of(upstream: str) -> object:

@@ -10,6 +10,10 @@ Codes: ``body_not_object``, ``missing_field``, ``invalid_type``, ``invalid_value
 (``limits.schema.denied_fields``, and vLLM's cost fields with a value that costs: see
 :mod:`guard.checks._cost_fields`). All 400. The one mutation: ``store: false`` on a Responses
 request that does not set it.
+
+In front of llama-cpp-python (``upstream.kind: llama_cpp``, set or detected), what its request
+models reject (it answers those with a 500) is refused too: ``unsupported_by_upstream``, and
+``prompts_exceeded`` for a list of more than one prompt (see :mod:`guard.checks._llamacpp`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Mapping
 
 from guard.checks import _schema_fields as fields
 from guard.checks._cost_fields import check_cost_fields
+from guard.checks._llamacpp import check_llama_cpp_shapes
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import GuardError
 from guard.policy._models import Policy
@@ -93,5 +98,7 @@ def check_schema(view: RequestView, policy: Policy) -> CheckResult | None:
     n, best_of = body.get("n"), body.get("best_of")
     if type(n) is int and type(best_of) is int and best_of < n:
         raise GuardError("invalid_value", "best_of must be >= n", param="best_of")
+    if policy.upstream_kind == "llama_cpp":
+        check_llama_cpp_shapes(body, view.endpoint)
     mutations = check_cost_fields(body, view.endpoint)
     return CheckResult.passed(mutations=mutations) if mutations else None

@@ -37,6 +37,7 @@ from guard.http._upstream import (
     max_model_len_of,
     response_headers,
     serves_vllm,
+    upstream_kind_of,
 )
 
 __all__ = [
@@ -63,4 +64,5 @@ __all__ = [
     "read_body",
     "response_headers",
     "serves_vllm",
+    "upstream_kind_of",
 ]

@@ -28,7 +28,7 @@ import collections
 import re
 import ssl
 from collections.abc import Iterable
-from typing import cast
+from typing import Literal, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -105,6 +105,17 @@ class UpstreamConfig:
         default=256,
         description="Pooled keep-alive connections to the upstream, at most; as many as the "
         "upstream's concurrent requests (vLLM's default `max_num_seqs` is 256).",
+    )
+    kind: Literal["auto", "vllm", "llama_cpp", "other"] = Field(
+        default="auto",
+        description="What the upstream is, for what the guard knows of the requests it "
+        "accepts: `vllm`, `llama_cpp` (llama-cpp-python 0.3.36's server: every request its "
+        "own request models reject, which it answers with a 500, is refused with a 400 "
+        "`unsupported_by_upstream`, and a list of more than one prompt with "
+        "`prompts_exceeded`) or `other`. `auto` (default): read from the upstream's "
+        "`GET /v1/models` at start-up and on each readiness check (entries `owned_by: vllm` "
+        "are vLLM's, `owned_by: me` llama-cpp-python's); `other` until it answers. "
+        "`/readyz`, the dry run and `schedguard policy show --upstream` say the kind in force.",
     )
     strip_headers: tuple[str, ...] = Field(
         default=UPSTREAM_CONTROL_HEADERS,

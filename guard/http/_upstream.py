@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from guard.errors import ConnectFailed, GuardError, TransportError, UpstreamError
 from guard.http._client import (
@@ -43,6 +43,7 @@ __all__ = [
     "max_model_len_of",
     "response_headers",
     "serves_vllm",
+    "upstream_kind_of",
 ]
 
 # RFC 9110 7.6.1 hop-by-hop headers, plus those the proxy recomputes or must not forward.
@@ -345,3 +346,19 @@ def serves_vllm(models: Any) -> bool:
     if not isinstance(data, list) or not data:
         return False
     return all(isinstance(entry, dict) and entry.get("owned_by") == "vllm" for entry in data)
+
+
+def upstream_kind_of(models: Any) -> Literal["vllm", "llama_cpp", "other"]:
+    """What served a ``/v1/models`` document: ``vllm`` (every entry ``owned_by: vllm``),
+    ``llama_cpp`` (every entry ``owned_by: me``, llama-cpp-python's ``get_models``) or
+    ``other``."""
+    if serves_vllm(models):
+        return "vllm"
+    data = models.get("data") if isinstance(models, dict) else None
+    if (
+        isinstance(data, list)
+        and data
+        and all(isinstance(entry, dict) and entry.get("owned_by") == "me" for entry in data)
+    ):
+        return "llama_cpp"
+    return "other"

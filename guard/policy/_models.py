@@ -51,6 +51,8 @@ BASE_ROUTES: tuple[str, ...] = (
 )
 
 ANONYMOUS_TENANT = "anonymous"
+# What the upstream is (``upstream.kind`` once ``auto`` is decided).
+UpstreamKind = Literal["vllm", "llama_cpp", "other"]
 # The context window when neither the policy nor the upstream says (Llama 2's; small models').
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -847,17 +849,30 @@ class Policy(Section):
         limits = self.limits.model_copy(update={"tokens": updated})
         return self.model_copy(update={"limits": limits})
 
-    def with_upstream_kind(self, is_vllm: bool) -> Policy:
-        """This policy with ``limits.guided.llama_cpp_schemas: auto`` decided for the upstream
-        (off in front of vLLM, on otherwise); itself when it is not ``auto`` or nothing
-        changes."""
+    @property
+    def upstream_kind(self) -> UpstreamKind:
+        """The upstream's kind in force: ``upstream.kind``, ``other`` while it is ``auto``
+        (the detected kind replaces ``auto`` through :meth:`with_upstream_kind`)."""
+        kind = self.upstream.kind
+        return "other" if kind == "auto" else kind
+
+    def with_upstream_kind(self, detected: UpstreamKind) -> Policy:
+        """This policy with the upstream's kind in force: ``detected`` (what its
+        ``/v1/models`` says; ``other`` when it has not answered) unless ``upstream.kind`` names
+        one, and ``limits.guided.llama_cpp_schemas: auto`` decided for it (off in front of
+        vLLM, on otherwise); itself when nothing changes."""
+        kind = detected if self.upstream.kind == "auto" else self.upstream.kind
+        policy = self
+        if kind != self.upstream.kind and self.upstream.kind == "auto":
+            upstream = dataclasses.replace(self.upstream, kind=kind)
+            policy = policy.model_copy(update={"upstream": upstream})
         guided = self.limits.guided
-        if guided.llama_cpp_schemas != "auto" or not is_vllm:
-            return self
-        limits = self.limits.model_copy(
-            update={"guided": dataclasses.replace(guided, llama_cpp_schemas=False)}
-        )
-        return self.model_copy(update={"limits": limits})
+        if guided.llama_cpp_schemas == "auto" and kind == "vllm":
+            limits = self.limits.model_copy(
+                update={"guided": dataclasses.replace(guided, llama_cpp_schemas=False)}
+            )
+            policy = policy.model_copy(update={"limits": limits})
+        return policy
 
     def rate_for(self, entry: KeyEntry | None) -> RatePolicy:
         """The rate limits of one key (``rate.anonymous``'s for the anonymous tenant)."""

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from guard.app import create_app
-from guard.http import max_model_len_of
+from guard.http import max_model_len_of, upstream_kind_of
 from guard.policy import DEFAULT_CONTEXT_LENGTH, policy_from_yaml
 from schedguard.cli import main as cli_main
 from tests._guard_harness import FakeUpstream, fake_upstream, serve
@@ -140,13 +140,20 @@ def test_policy_show_says_which_window_is_in_force(capsys: pytest.CaptureFixture
             "context_length": 1536,
             "source": "upstream",
             "upstream": url,
+            "upstream_kind": "other",
         }
         assert doc["policy"]["limits"]["tokens"]["context_length"] == 1536
         assert cli_main(["policy", "show", "--upstream", url]) == 0
         out = capsys.readouterr().out
         assert out.endswith(
             "# context window in force: 1536 tokens (the upstream's /v1/models max_model_len)\n"
+            "# upstream kind in force: other\n"
         )
+    with _models_server({"data": [{"id": "m", "owned_by": "me"}]}) as url:
+        assert cli_main(["policy", "show", "--upstream", url, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["context_window"]["upstream_kind"] == "llama_cpp"
+        assert doc["policy"]["upstream"]["kind"] == "llama_cpp"
 
 
 async def test_llama_cpp_schema_check_is_off_in_front_of_vllm_only() -> None:
@@ -171,3 +178,77 @@ async def test_llama_cpp_schema_check_is_off_in_front_of_vllm_only() -> None:
     async with _guard(policy, {"owned_by": "vllm"}) as (client, _):
         verdict = (await client.post("/guard/v1/check", json=body)).json()
         assert verdict["code"] == "guided_schema_grammar_invalid", verdict
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        ({"data": [{"id": "a", "owned_by": "vllm"}, {"id": "b", "owned_by": "vllm"}]}, "vllm"),
+        ({"data": [{"id": "a", "owned_by": "me"}]}, "llama_cpp"),
+        ({"data": [{"id": "a", "owned_by": "me"}, {"id": "b", "owned_by": "vllm"}]}, "other"),
+        ({"data": [{"id": "a", "owned_by": "openai"}]}, "other"),
+        ({"data": []}, "other"),
+        ({"data": "me"}, "other"),
+        (None, "other"),
+    ],
+)
+def test_upstream_kind_of(doc: Any, expected: str) -> None:
+    assert upstream_kind_of(doc) == expected
+
+
+# What llama-cpp-python 0.3.36 answers with a pydantic 500, and what it serves.
+_NULL_CONTENT = {
+    "model": "fake",
+    "max_tokens": 8,
+    "messages": [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ],
+}
+
+
+async def test_llama_cpp_upstream_is_detected_and_its_500s_are_refused() -> None:
+    async with _guard("{}", {"owned_by": "me"}) as (client, fake):
+        ready = (await client.get("/readyz")).json()
+        assert ready["upstream_kind"] == "llama_cpp"
+        resp = await client.post("/v1/chat/completions", json=_NULL_CONTENT)
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["code"] == "unsupported_by_upstream"
+        assert error["param"] == "messages[1].content"
+        verdict = (await client.post("/guard/v1/check", json=_NULL_CONTENT)).json()
+        assert verdict["code"] == "unsupported_by_upstream"
+        assert verdict["upstream_kind"] == "llama_cpp"
+        prompts = {"model": "fake", "prompt": ["a", "b"], "max_tokens": 4}
+        resp = await client.post("/v1/completions", json=prompts)
+        assert resp.status_code == 400 and resp.json()["error"]["code"] == "prompts_exceeded"
+        assert not fake.received
+        served = {**_NULL_CONTENT, "messages": [_NULL_CONTENT["messages"][0]]}
+        resp = await client.post("/v1/chat/completions", json=served)
+        assert resp.status_code == 200, resp.text
+
+
+async def test_other_upstreams_get_what_llama_cpp_refuses() -> None:
+    async with _guard("{}", {"owned_by": "vllm"}) as (client, _):
+        assert (await client.get("/readyz")).json()["upstream_kind"] == "vllm"
+        verdict = (await client.post("/guard/v1/check", json=_NULL_CONTENT)).json()
+        assert verdict["allowed"] is True, verdict
+    # Named in the policy, the kind wins over what /v1/models says.
+    async with _guard("upstream: {kind: llama_cpp}", {"owned_by": "vllm"}) as (client, _):
+        ready = (await client.get("/readyz")).json()
+        assert ready["upstream_kind"] == "llama_cpp"
+        assert ready["llama_cpp_schemas"] is True
+        verdict = (await client.post("/guard/v1/check", json=_NULL_CONTENT)).json()
+        assert verdict["code"] == "unsupported_by_upstream", verdict
+    async with _guard("upstream: {kind: vllm}", {"owned_by": "me"}) as (client, _):
+        ready = (await client.get("/readyz")).json()
+        assert ready == {**ready, "upstream_kind": "vllm", "llama_cpp_schemas": False}
+        verdict = (await client.post("/guard/v1/check", json=_NULL_CONTENT)).json()
+        assert verdict["allowed"] is True, verdict
