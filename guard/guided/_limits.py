@@ -116,9 +116,10 @@ class GuidedLimits:
         "refuse the schema (`guided_schema_grammar_invalid`) when llama.cpp could not parse "
         'that grammar (it crashes): a `pattern` such as `"^\\d+$"` (copied as `"\\d"`, an '
         "escape GBNF does not have), a `\\b` or `\\f` in a constant or a property name. "
-        "`auto` (default): on, unless the upstream's `/v1/models` says it is vLLM (its "
-        "entries are `owned_by: vllm`; it reads those schemas itself, and a `\\d` in a date "
-        "pattern is fine there); read at start-up and on readiness, on until it answers. "
+        "`auto` (default): on, unless the upstream's kind in force (`upstream.kind`, set or "
+        "read from its `/v1/models`: entries `owned_by: vllm`) is vLLM (it reads those "
+        "schemas itself, and a `\\d` in a date pattern is fine there); read at start-up and on "
+        "readiness, on until it answers. "
         "`true`/`false`: always/never (`false` in front of vLLM only).",
     )
     max_schema_grammar_depth: PosInt = Field(
