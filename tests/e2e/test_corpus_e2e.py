@@ -8,8 +8,10 @@ bench/corpus_upstreams.py also runs, unguarded too). For each:
 - the upstream is alive after it and answers ``/v1/models``, within a generous 120 s;
 - the upstream's peak RSS during it (its process tree's VmHWM from /proc, reset before each
   payload) is within 512 MB of its RSS before the corpus;
-- a benign payload is served (2xx), unless the upstream does not support what it uses
-  (:data:`UNSUPPORTED`, each with why: the test is then skipped).
+- a benign payload is served (2xx), unless the upstream does not support what it uses: then
+  the guard refuses it with a 400 it names (:data:`REFUSED`: what llama-cpp-python's own
+  request models reject), or, when the guard cannot know, the test is skipped
+  (:data:`UNSUPPORTED`, each with why).
 
 llama-cpp-python gets a server of its own for this module (an attack that gets through may kill
 it; it is restarted for the next payload and the payload fails). vLLM is the session's server.
@@ -58,22 +60,8 @@ _REF_ONLY = (
 # Benign payloads an upstream does not serve for reasons of its own, not the guard's (the test
 # is skipped unless it is served after all).
 UNSUPPORTED: dict[tuple[str, str], str] = {
-    ("llamacpp", "bn-custom-tool-chat-grammar"): _LLAMA_500 + "tools of type custom",
-    ("llamacpp", "bn-developer-and-parts"): _LLAMA_500 + "the developer role",
     ("llamacpp", "bn-embeddings"): "started without embedding=True (a 500 says so)",
     ("llamacpp", "bn-embeddings-do-not-pad"): "started without embedding=True (a 500 says so)",
-    ("llamacpp", "bn-embeddings-messages"): _LLAMA_500 + "embeddings of messages",
-    ("llamacpp", "bn-input-audio"): _LLAMA_MEDIA.format("input_audio"),
-    ("llamacpp", "bn-video-jpeg-frames"): _LLAMA_MEDIA.format("video"),
-    ("llamacpp", "bn-json-schema"): _LLAMA_SCHEMA,
-    ("llamacpp", "bn-rf-schema-bounded-strings"): _LLAMA_SCHEMA,
-    ("llamacpp", "bn-rf-schema-enum"): _LLAMA_SCHEMA,
-    ("llamacpp", "bn-rf-schema-order"): _LLAMA_SCHEMA,
-    ("llamacpp", "bn-rf-schema-toolcall"): _LLAMA_SCHEMA,
-    ("llamacpp", "bn-parallel-tool-calls"): _LLAMA_NULL,
-    ("llamacpp", "bn-tool-history"): _LLAMA_NULL,
-    ("llamacpp", "bn-prompt-list"): "llama-cpp-python 0.3.36 answers a list of prompts with an "
-    "empty 500",
     ("llamacpp", "bn-model-id-non-latin1"): _NO_MODEL_ROUTE.format("llama-cpp-python"),
     ("llamacpp", "bn-model-id-org-slash"): _NO_MODEL_ROUTE.format("llama-cpp-python"),
     ("vllm", "bn-custom-tool-chat-grammar"): "vLLM 0.32 refuses tools of type custom (400)",
@@ -90,19 +78,34 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("vllm", "bn-prompt-template-depth-8"): _REF_ONLY,
 }
 
-_RELAYED = (
-    "the guard admits it and relays llama-cpp-python's pydantic 500 for it as a 500 (the "
-    "upstream is unharmed; the guard should refuse it or answer 4xx): "
-)
-# Attacks that get through the guard and harm the upstream, or come back as a 5xx (strict
-# xfails: a fix turns them into failures to remove from here).
-KNOWN: dict[tuple[str, str], str] = {
-    ("llamacpp", "vol-uc-arguments-reprinted"): _RELAYED + "assistant content null",
-    ("llamacpp", "vol-uc-developer-tools"): _RELAYED + "the developer role",
-    ("llamacpp", "vol-uc-extra-key-in-call"): _RELAYED + "assistant content null",
-    ("llamacpp", "vol-uc-name-arguments-on-call"): _RELAYED + "assistant content null",
-    ("llamacpp", "vol-uc-tool-reference-name"): _RELAYED + "a tool_reference content part",
+_UNSUPPORTED_BY_UPSTREAM = "unsupported_by_upstream"
+# Benign payloads llama-cpp-python's own request models reject (it answered each with a pydantic
+# 500, relayed as a 500): the guard, which reads its kind from /v1/models (owned_by "me"),
+# refuses them with this 400 code instead (guard/checks/_llamacpp.py).
+REFUSED: dict[tuple[str, str], tuple[str, str]] = {
+    ("llamacpp", "bn-custom-tool-chat-grammar"): (_UNSUPPORTED_BY_UPSTREAM, "tools of type custom"),
+    ("llamacpp", "bn-developer-and-parts"): (_UNSUPPORTED_BY_UPSTREAM, "the developer role"),
+    ("llamacpp", "bn-embeddings-messages"): (_UNSUPPORTED_BY_UPSTREAM, "embeddings of messages"),
+    ("llamacpp", "bn-input-audio"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_MEDIA.format("input_audio")),
+    ("llamacpp", "bn-video-jpeg-frames"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_MEDIA.format("video")),
+    ("llamacpp", "bn-json-schema"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_SCHEMA),
+    ("llamacpp", "bn-rf-schema-bounded-strings"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_SCHEMA),
+    ("llamacpp", "bn-rf-schema-enum"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_SCHEMA),
+    ("llamacpp", "bn-rf-schema-order"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_SCHEMA),
+    ("llamacpp", "bn-rf-schema-toolcall"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_SCHEMA),
+    ("llamacpp", "bn-parallel-tool-calls"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_NULL),
+    ("llamacpp", "bn-tool-history"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_NULL),
+    ("llamacpp", "bn-prompt-list"): (
+        "prompts_exceeded",
+        "llama-cpp-python 0.3.36 asserts one prompt per completions request (an empty 500)",
+    ),
 }
+# Attacks that get through the guard and harm the upstream, or come back as a 5xx (strict
+# xfails: a fix turns them into failures to remove from here). The five llama-cpp-python
+# pydantic 500s that were here (vol-uc-arguments-reprinted, vol-uc-developer-tools,
+# vol-uc-extra-key-in-call, vol-uc-name-arguments-on-call, vol-uc-tool-reference-name) are
+# refused as unsupported_by_upstream now.
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 @dataclass
@@ -176,6 +179,12 @@ def test_the_corpus_through_the_guard(
     if payload.kind == "attack":
         assert outcome.status < 500 or payload.expect.status >= 500, detail
     else:
+        refused = REFUSED.get((name, payload_id))
+        if refused is not None:
+            assert outcome.status == 400 and outcome.code == refused[0], (
+                f"{detail}; expected the guard's 400 {refused[0]}: {refused[1]}"
+            )
+            return
         why = UNSUPPORTED.get((name, payload_id))
         if why is not None and not 200 <= outcome.status < 300:
             pytest.skip(f"{name} does not serve it: {why}")
