@@ -348,9 +348,10 @@ class FanoutPolicy(Section):
     max_prompts: PosInt = Field(
         default=64,
         description="Most prompts in a list-valued `prompt` or embeddings `input` (each is a "
-        "sequence; vLLM GHSA-3mwp-wvh9-7528). Set it to 1 in front of llama-cpp-python: its "
-        '/v1/completions asserts at most one prompt (`prompt: ["a", "b"]` is an empty '
-        "500), `prompts_exceeded` is the 400 instead.",
+        "sequence; vLLM GHSA-3mwp-wvh9-7528). In front of llama-cpp-python "
+        "(`upstream.kind: llama_cpp`, set or detected) a completions `prompt` list is held to "
+        'one whatever this says: its /v1/completions asserts it (`prompt: ["a", "b"]` is an '
+        "empty 500), `prompts_exceeded` is the 400 instead.",
     )
     max_stop_sequences: PosInt = Field(
         default=4,
