@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from loadtests.upstream_corpus import (  # noqa: E402
     LLAMACPP_REFUSAL,
-    Budgets,
-    Outcome,
+    CorpusBudgets,
+    PayloadOutcome,
     ScriptUpstream,
     guard_policy,
     run_corpus,
@@ -81,7 +81,7 @@ def run_config(
     name: str,
     mode: str,
     payloads: list[Payload],
-    budgets: Budgets,
+    budgets: CorpusBudgets,
     mem_limit_mb: int | None,
     tmp: Path,
 ) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def run_config(
             )
             target = guard.url
 
-        def progress(o: Outcome) -> None:
+        def progress(o: PayloadOutcome) -> None:
             mark = ",".join(o.harm) if o.harm else "ok"
             print(f"  {name}/{mode} {o.id}: {o.status} {o.code or ''} {o.elapsed_s:.2f}s "
                   f"{o.peak_rss_mb:.0f}MB {mark}", file=sys.stderr, flush=True)  # fmt: skip
@@ -215,7 +215,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args()  # fmt: skip
 
-    budgets = Budgets(
+    budgets = CorpusBudgets(
         latency_budget_s=args.latency_budget_s,
         timeout_s=args.timeout_s,
         rss_budget_mb=args.rss_budget_mb,

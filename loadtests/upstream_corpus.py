@@ -46,9 +46,9 @@ from payloads.loader import CLASSES, Payload
 
 __all__ = [
     "LLAMACPP_REFUSAL",
-    "Budgets",
     "ClassSummary",
-    "Outcome",
+    "CorpusBudgets",
+    "PayloadOutcome",
     "ScriptUpstream",
     "UpstreamHandle",
     "guard_policy",
@@ -71,7 +71,7 @@ _MB = 1 << 20
 
 
 @dataclass(frozen=True)
-class Budgets:
+class CorpusBudgets:
     """What the upstream may spend on one payload before it counts as harmed."""
 
     latency_budget_s: float = 10.0
@@ -279,7 +279,7 @@ class ScriptUpstream:
 
 
 @dataclass
-class Outcome:
+class PayloadOutcome:
     """One payload sent once. ``status`` 0: no answer (``error`` says why). ``harm``: why it
     counts as harming the upstream (empty when contained); ``peak_rss_mb``: the upstream tree's
     peak during the payload."""
@@ -340,11 +340,11 @@ def run_payload(
     upstream: UpstreamHandle,
     *,
     model: str,
-    budgets: Budgets,
+    budgets: CorpusBudgets,
     baseline_rss_mb: float,
     refusal_5xx: re.Pattern[bytes] | None = None,
     tree: Sequence[int] = (),
-) -> Outcome:
+) -> PayloadOutcome:
     """Send ``payload`` once to ``target_url`` (the upstream itself or a guard in front of it)
     and judge what it did to ``upstream``; restarts ``upstream`` when it died or hung.
 
@@ -399,7 +399,7 @@ def run_payload(
     if peak_mb - before_mb > budgets.rss_budget_mb or (before_mb <= bound < peak_mb):
         harm.append("rss")
     rss_after, _ = tree_memory(pid) if alive else (0, 0)
-    outcome = Outcome(
+    outcome = PayloadOutcome(
         id=payload.id,
         class_=payload.class_,
         kind=payload.kind,
@@ -427,14 +427,14 @@ def run_corpus(
     upstream: UpstreamHandle,
     *,
     model: str,
-    budgets: Budgets = Budgets(),
+    budgets: CorpusBudgets = CorpusBudgets(),
     refusal_5xx: re.Pattern[bytes] | None = None,
-    on_outcome: Callable[[Outcome], None] | None = None,
-) -> list[Outcome]:
+    on_outcome: Callable[[PayloadOutcome], None] | None = None,
+) -> list[PayloadOutcome]:
     """:func:`run_payload` for each payload in turn; the RSS budget is over the upstream's RSS
     before the first payload, and its process tree is the one it had then (both taken again
     after each restart)."""
-    out: list[Outcome] = []
+    out: list[PayloadOutcome] = []
     baseline = tree_memory(upstream.pid)[0] / _MB
     tree = process_tree(upstream.pid)
     for payload in payloads:
@@ -489,7 +489,7 @@ class ClassSummary:
         }
 
 
-def summarize(outcomes: Sequence[Outcome]) -> list[ClassSummary]:
+def summarize(outcomes: Sequence[PayloadOutcome]) -> list[ClassSummary]:
     """Per class (THREATS.md order, then benign): payloads, harmed, peak RSS, worst latency."""
     by: dict[str, ClassSummary] = {c: ClassSummary(c) for c in (*CLASSES, "benign")}
     for o in outcomes:

@@ -21,15 +21,7 @@ PACKAGES = ("guard", "fuzz", "scheduler_ref", "payloads", "loadtests", "schedgua
 SCRIPTS = ("scripts",)
 
 # Names that may stand in more than one place, each with the reason it stays for now.
-ALLOWED: dict[str, str] = {
-    # loadtests/upstream_corpus.py (75a57e5) landed while this test was written, with its own
-    # Budgets and Outcome (fuzz.targets.Budgets, fuzz.oracle.Outcome); its author's work still
-    # in progress (bench/corpus_upstreams.py, tests/e2e/test_corpus_e2e.py) imports them under
-    # these names. To rename there (CorpusBudgets, PayloadOutcome), then drop these two entries
-    # (test_allowed_clashes_still_clash says when).
-    "Budgets": "loadtests.upstream_corpus: rename pending with its author",
-    "Outcome": "loadtests.upstream_corpus: rename pending with its author",
-}
+ALLOWED: dict[str, str] = {}
 
 
 def _sources() -> Iterator[Path]:

@@ -29,7 +29,7 @@ import pytest
 
 from loadtests.upstream_corpus import (
     LLAMACPP_REFUSAL,
-    Budgets,
+    CorpusBudgets,
     ScriptUpstream,
     guard_policy,
     run_payload,
@@ -43,7 +43,7 @@ from tests._support import free_port
 from tests.e2e.conftest import RunningUpstream
 
 PAYLOADS: dict[str, Payload] = {p.id: p for p in load_corpus(kind="all", include_found=False)}
-BUDGETS = Budgets(timeout_s=120.0, rss_budget_mb=512.0)
+BUDGETS = CorpusBudgets(timeout_s=120.0, rss_budget_mb=512.0)
 OUTCOMES: dict[str, dict[str, dict[str, object]]] = {}
 
 _LLAMA_500 = "llama-cpp-python 0.3.36 answers it with a pydantic 500 ('N validation errors'): "

@@ -14,7 +14,7 @@ import pytest
 
 from loadtests.upstream_corpus import (
     LLAMACPP_REFUSAL,
-    Budgets,
+    CorpusBudgets,
     healthy,
     prepare,
     process_tree,
@@ -134,7 +134,7 @@ def test_outcomes_are_judged_and_a_dead_upstream_restarted(fake: FakeUpstream) -
         _payload("dies", "/die"),
         _payload("after", "/ok"),
     ]
-    budgets = Budgets(timeout_s=10.0, recover_s=2.0)
+    budgets = CorpusBudgets(timeout_s=10.0, recover_s=2.0)
     out = run_corpus(
         payloads,
         fake.base_url,
