@@ -163,7 +163,7 @@ def table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description="The whole payloads/ corpus against real vLLM and llama-cpp-python, "
         "unguarded and behind the guard: harmed / contained per attack class, the upstream's "
@@ -213,8 +213,21 @@ def main() -> int:
         "--json", action="store_true", help="print JSON (every outcome) instead of the table"
     )
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
-    args = ap.parse_args()  # fmt: skip
+    return ap.parse_args()
 
+
+def print_report(report: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    """The table, then the payloads that harmed each server."""
+    print(f"# {report['date']}: {report['command']}; budgets {report['budgets']}")
+    print(table(runs))
+    for r in runs:
+        for c in r["classes"]:
+            if c["harmed_ids"]:
+                print(f"{r['upstream']} {r['mode']} {c['class']}: {', '.join(c['harmed_ids'])}")
+
+
+def main() -> int:
+    args = parse_args()
     budgets = CorpusBudgets(
         latency_budget_s=args.latency_budget_s,
         timeout_s=args.timeout_s,
@@ -242,12 +255,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        print(f"# {report['date']}: {report['command']}; budgets {budgets.__dict__}")
-        print(table(runs))
-        for r in runs:
-            for c in r["classes"]:
-                if c["harmed_ids"]:
-                    print(f"{r['upstream']} {r['mode']} {c['class']}: {', '.join(c['harmed_ids'])}")
+        print_report(report, runs)
     return 0
 
 

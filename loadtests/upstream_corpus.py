@@ -334,6 +334,22 @@ def _code(body: bytes) -> tuple[str | None, str]:
     return None, ""
 
 
+def _tree_alive(tree: Sequence[int]) -> bool:
+    return all(pid_alive(p) for p in tree)
+
+
+def _recovered(upstream: UpstreamHandle, tree: Sequence[int], recover_s: float) -> bool:
+    """Every process of the tree alive and the upstream healthy within ``recover_s``."""
+    if not _tree_alive(tree):
+        return False
+    deadline = time.monotonic() + recover_s
+    while not (ok := healthy(upstream.base_url)) and time.monotonic() < deadline:
+        if not _tree_alive(tree):
+            return False
+        time.sleep(0.5)  # waiting for a busy upstream to answer its health check again
+    return ok and _tree_alive(tree)
+
+
 def run_payload(
     payload: Payload,
     target_url: str,
@@ -379,18 +395,8 @@ def run_payload(
     if not slow and resp.elapsed_s > budgets.latency_budget_s:
         harm.append("latency")
 
-    def tree_alive() -> bool:
-        return all(pid_alive(p) for p in tree)
-
-    alive = tree_alive()
-    if alive:
-        deadline = time.monotonic() + budgets.recover_s
-        while not (ok := healthy(upstream.base_url)) and time.monotonic() < deadline:
-            if not tree_alive():
-                break
-            time.sleep(0.5)  # waiting for a busy upstream to answer its health check again
-        alive = ok and tree_alive()
-    if not tree_alive():
+    alive = _recovered(upstream, tree, budgets.recover_s)
+    if not _tree_alive(tree):
         harm.append("crash")
     elif not alive and "hang" not in harm:
         harm.append("hang")
