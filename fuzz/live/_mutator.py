@@ -95,7 +95,7 @@ class RequestMutator:
             except RecursionError:
                 base = rng.choice(self.json_seeds)
                 body = _copy(base)
-            ctx = Context(rng, self.texts, base.path)
+            ctx = Context(rng, self.texts, base.path, max_bytes=self.max_body_bytes)
             names: list[str] = []
             for _ in range(_stack_depth(rng)):
                 name = rng.choices(self._names, self._weights)[0]

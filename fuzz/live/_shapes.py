@@ -109,6 +109,16 @@ class Context:
     texts: Sequence[str] = ()
     path: str = CHAT
     applied: list[str] = field(default_factory=list)
+    # What one operator may add to a body: the campaign's body cap. Repeating a value is
+    # bounded by it, so that operators stacked on one body grow it linearly, not
+    # multiplicatively (a 1 MiB string repeated 256 times, twice, took a campaign to 21 GB).
+    max_bytes: int = 1 << 20
+
+    def repeats(self, unit_bytes: int) -> int:
+        """A repeat count from :data:`_REPEATS`, lowered so the copies stay within
+        ``max_bytes`` (0: even one more copy would not)."""
+        k = self.rng.choice(_REPEATS)
+        return min(k, self.max_bytes // max(1, unit_bytes))
 
     def pick_size(self, sizes: Sequence[int] = SIZES) -> int:
         # Log-uniform over the list: small sizes as often as large ones.
@@ -749,8 +759,9 @@ def grow_string(body: dict[str, Any], ctx: Context) -> bool:
     path = rng.choice(paths)
     parent = _get(body, path[:-1])
     value: str = parent[path[-1]]
-    if rng.random() < 0.5 and value:
-        parent[path[-1]] = value * rng.choice(_REPEATS)
+    reps = ctx.repeats(len(value)) if value else 0
+    if rng.random() < 0.5 and reps >= 2:
+        parent[path[-1]] = value * reps
     else:
         parent[path[-1]] = value + ctx.text()
     return True
@@ -782,7 +793,11 @@ def duplicate(body: dict[str, Any], ctx: Context) -> bool:
         return False
     items = rng.choice(lists)
     item = rng.choice(items)
-    items.extend(json.loads(json.dumps(item)) for _ in range(rng.choice(_REPEATS)))
+    text = json.dumps(item)
+    reps = ctx.repeats(len(text))
+    if reps < 1:
+        return False
+    items.extend(json.loads(text) for _ in range(reps))
     return True
 
 

@@ -44,8 +44,9 @@ from fuzz.live import (
 )
 from fuzz.live._campaign import Gate
 from fuzz.live._oracle import judge
-from fuzz.live._shapes import Context
+from fuzz.live._shapes import Context, duplicate, grow_string
 from fuzz.targets import Cost
+from guard.isolation import run_limited
 from payloads import load_payload
 from schedguard.cli import main
 from tests._support import REPO_ROOT, free_port
@@ -292,6 +293,27 @@ def test_every_child_is_sendable_json() -> None:
             body = json.loads(data)
             assert body["model"] == "m"
             assert LiveRequest.from_input(child.to_input()).path == child.path
+
+
+def _grow_repeatedly(cap: int) -> int:
+    """In a limited child: a body near the cap, then the repeating operators again and again
+    on it (as stacked operators and a climbing campaign do); the body's final size."""
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "x" * (cap // 2)}]}
+    ctx = Context(random.Random(0), max_bytes=cap)
+    for _ in range(12):
+        grow_string(body, ctx)
+        duplicate(body, ctx)
+    return len(json.dumps(body))
+
+
+def test_repeating_operators_are_bounded_by_the_body_cap() -> None:
+    """Each operator's copies are bounded by the body cap, so operators stacked on one body
+    grow it linearly, not multiplicatively: a 1 MiB string repeated 256 times, twice, took a
+    campaign's process to 21 GB before the cap could discard the child."""
+    cap = 256 << 10
+    result = run_limited(_grow_repeatedly, cap, mem_limit_bytes=512 << 20, timeout_s=120)
+    assert result.outcome == "ok", result
+    assert result.value is not None and result.value <= 32 * cap, result.value
 
 
 @pytest.mark.parametrize("name", sorted(OPERATORS))
