@@ -48,6 +48,8 @@ class CampaignOptions:
     (None: ``out_dir``; a campaign writes into a corpus such as ``payloads/`` only when asked
     to, never into the installed package by default); ``save=False``: no payload files.
     ``isolate``: None follows the target (vulnerable targets always run in the worker process).
+    ``max_execs``: each engine also ends after about this many executions (a count that means
+    the same on any machine; ``duration_s`` stays the outer bound).
     """
 
     target: str
@@ -60,6 +62,7 @@ class CampaignOptions:
     save: bool = True
     minimise_s: float | None = None
     isolate: bool | None = None
+    max_execs: int | None = None
     progress: TextIO | None = field(default_factory=lambda: sys.stderr)
 
 
@@ -201,6 +204,7 @@ def _run_engine(
             opts.minimise_s if opts.minimise_s is not None else default_minimise_s(opts.duration_s)
         ),
         save_root=save_root,
+        max_execs=opts.max_execs,
     )
     run = EngineRun(target, factory, options, engine=name, findings=findings, on_progress=progress)
     try:

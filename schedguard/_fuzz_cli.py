@@ -124,6 +124,15 @@ def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="how long the campaign runs, in total (default: 60)",
     )
     run.add_argument(
+        "--runs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="in-process targets: each engine also stops after about N executions, a count "
+        "that means the same on any machine (--duration stays the outer bound; like "
+        "libFuzzer's -runs)",
+    )
+    run.add_argument(
         "--jobs",
         type=positive_int,
         default=1,
@@ -460,6 +469,7 @@ def _run(args: argparse.Namespace) -> int:
                 save_root=args.found_root,
                 save=not args.no_save,
                 minimise_s=args.minimise_s,
+                max_execs=args.runs,
                 progress=None if args.quiet else sys.stderr,
             )
         )
@@ -492,6 +502,11 @@ def _run_live(args: argparse.Namespace) -> int:
         run_live_campaign,
     )
 
+    if args.runs is not None:
+        print(
+            "fuzz run: --runs applies to in-process targets, not to a live server", file=sys.stderr
+        )
+        return 2
     for pattern in args.ignore_5xx or ():
         try:
             re.compile(pattern)

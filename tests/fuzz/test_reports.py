@@ -186,6 +186,18 @@ def test_cli_run_writes_under_the_current_directory_by_default(
         run_campaign(CampaignOptions(target=target, progress=None))
 
 
+def test_cli_run_stops_after_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--runs N ends the campaign after about N executions, whatever the machine's speed (the
+    duration is only the outer bound); it is refused for a live server."""
+    out = tmp_path / "out"
+    args = ["fuzz", "run", "--target", "placeholder-hardened", "--duration", "300"]
+    assert main([*args, "--runs", "400", "--seed", "2", "--quiet", "--out", str(out)]) == 0
+    execs = json.loads((out / "report.json").read_text())["execs"]
+    assert 400 <= execs < 400 + 512, execs  # the last batch may overshoot
+    assert main(["fuzz", "run", "--target", "http://127.0.0.1:9", "--runs", "5"]) == 2
+    assert "--runs applies to in-process targets" in capsys.readouterr().err
+
+
 def test_cli_fuzz_options_all_have_help() -> None:
     import argparse
 
