@@ -10,7 +10,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-__all__ = ["REPO_ROOT", "TESTS_DIR", "bytecodes", "free_port", "peak_allocated"]
+import psutil
+
+from guard.isolation import is_multiprocessing_helper
+
+__all__ = [
+    "REPO_ROOT",
+    "TESTS_DIR",
+    "bytecodes",
+    "free_port",
+    "live_descendants",
+    "peak_allocated",
+]
 
 T = TypeVar("T")
 
@@ -60,3 +71,16 @@ def peak_allocated(run: Callable[[], T]) -> tuple[T, int]:
     finally:
         tracemalloc.stop()
     return result, peak
+
+
+def live_descendants() -> list[psutil.Process]:
+    """This process's living children and their children (zombies and multiprocessing's own
+    helpers left out): what a test that starts servers must have stopped."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and not is_multiprocessing_helper(p):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out

@@ -6,18 +6,17 @@ import os
 import sys
 import time
 
-import psutil
 import pytest
 
 from guard.errors import LimitExceeded
 from guard.isolation import (
     IsolatedResult,
     PeakRssSampler,
-    is_multiprocessing_helper,
     run_limited,
     spawn_limited_server,
     stop_server,
 )
+from tests._support import live_descendants
 
 MiB = 1 << 20
 
@@ -84,26 +83,15 @@ def rlimit_as() -> int:
     return resource.getrlimit(resource.RLIMIT_AS)[0]
 
 
-def _live_descendants() -> list[psutil.Process]:
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and not is_multiprocessing_helper(p):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
 @pytest.fixture(autouse=True)
 def _nothing_left_running() -> object:
-    before = {p.pid for p in _live_descendants()}
+    before = {p.pid for p in live_descendants()}
     yield
     deadline = time.monotonic() + 2.0
-    left = [p for p in _live_descendants() if p.pid not in before]
+    left = [p for p in live_descendants() if p.pid not in before]
     while left and time.monotonic() < deadline:  # reaping is asynchronous in the forkserver
         time.sleep(0.02)
-        left = [p for p in _live_descendants() if p.pid not in before]
+        left = [p for p in live_descendants() if p.pid not in before]
     assert left == []
 
 

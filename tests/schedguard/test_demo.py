@@ -9,10 +9,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import psutil
 import pytest
 
-from guard.isolation import is_multiprocessing_helper
 from schedguard._report import render_comparison, render_rows
 from schedguard._servers import ServerSpec
 from schedguard.demo import (
@@ -25,7 +23,7 @@ from schedguard.demo import (
     run_demo,
     write_json,
 )
-from tests._support import TESTS_DIR
+from tests._support import TESTS_DIR, live_descendants
 
 MiB = 1 << 20
 FAKE = str(TESTS_DIR / "_fake_server.py")
@@ -34,24 +32,13 @@ REQUIRED_KEYS = {"target", "profile", "payload", "outcome", "status", "code", "l
                  "peak_rss_mb", "steady_latency_ms", "steady_requests"}  # fmt: skip
 
 
-def _live_descendants() -> list[psutil.Process]:
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and not is_multiprocessing_helper(p):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
 @pytest.fixture(autouse=True)
 def _servers_cleaned_up() -> object:
     yield
     deadline = time.monotonic() + 3.0
-    while _live_descendants() and time.monotonic() < deadline:
+    while live_descendants() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _live_descendants() == []
+    assert live_descendants() == []
 
 
 def fake_deployment(mode: str) -> Deployment:
