@@ -56,6 +56,9 @@ class ContextWindow:
         self._upstream = upstream
         self.source: WindowSource = self._initial_source()
         self.answered = False  # the upstream has answered GET /v1/models at least once
+        # What the upstream last reported (its window, its kind): readiness probes ask every few
+        # seconds, and the policy is rebuilt (and logged) only when that changes.
+        self._reported: tuple[int | None, str] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def _initial_source(self) -> WindowSource:
@@ -92,6 +95,10 @@ class ContextWindow:
             return False
         self.answered = True
         reported = max_model_len_of(models)
+        facts = (reported, upstream_kind_of(models))
+        if facts == self._reported:
+            return True
+        self._reported = facts
         previous = self.value
         previous_kind = self._holder.policy.upstream_kind
         self._holder.policy, self.source = in_force(self._base, models)

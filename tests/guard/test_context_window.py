@@ -79,6 +79,21 @@ async def test_an_upstream_without_max_model_len_leaves_the_default() -> None:
         assert ready["context_length_source"] == "default"
 
 
+async def test_readiness_probes_keep_the_policy_while_the_upstream_says_the_same() -> None:
+    async with fake_upstream() as fake:
+        fake.models.update({"max_model_len": 1024})
+        app = create_app(policy_from_yaml("{}"), upstream_url=fake.url)
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+            await client.get("/readyz")
+            policy = app.state.gateway.policy
+            for _ in range(3):
+                assert (await client.get("/readyz")).json()["context_length"] == 1024
+            assert app.state.gateway.policy is policy  # not rebuilt on every probe
+            fake.models["max_model_len"] = 2048
+            await client.get("/readyz")
+            assert app.state.gateway.policy is not policy
+
+
 async def test_a_restarted_upstream_with_another_window_is_noticed_on_readiness() -> None:
     async with _guard("{}", {"max_model_len": 1024}) as (client, fake):
         assert (await client.get("/readyz")).json()["context_length"] == 1024

@@ -35,6 +35,7 @@ from guard.guided._regex_ast import ASCII_MASK as ASCII_MASK
 from guard.guided._regex_ast import _fold as _fold
 from guard.guided._regex_ast import _invert as _invert
 from guard.guided._regex_ast import _rng as _rng
+from guard.guided._regex_ast import _same as _same
 
 C: Any = _C
 P: Any = _P
@@ -124,20 +125,6 @@ _REPEATS = tuple(
     x for x in (C.MAX_REPEAT, C.MIN_REPEAT, getattr(C, "POSSESSIVE_REPEAT", None)) if x is not None
 )
 _ATOMIC = getattr(C, "ATOMIC_GROUP", object())
-
-
-def _same(a: Node, b: Node) -> bool:
-    if a.kind != b.kind:
-        return False
-    if a.kind == LIT:
-        return a.cs == b.cs
-    if a.kind == REP:
-        return a.lo == b.lo and a.hi == b.hi and _same(a.kids[0], b.kids[0])
-    if a.kind in (CAT, ALT):
-        return len(a.kids) == len(b.kids) and all(
-            _same(x, y) for x, y in zip(a.kids, b.kids, strict=True)
-        )
-    return True
 
 
 def _canon_cat(items: list[Node]) -> Node:
