@@ -22,7 +22,7 @@ from typing import Any, Literal
 from guard.http import Upstream, max_model_len_of, upstream_kind_of
 from guard.policy import Policy
 
-__all__ = ["ContextWindow", "WindowSource", "in_force"]
+__all__ = ["ContextWindow", "WindowSource", "in_force", "policy_summary"]
 
 _log = logging.getLogger("schedguard.guard")
 
@@ -43,6 +43,39 @@ def in_force(base: Policy, models: Any) -> tuple[Policy, WindowSource]:
     if reported is None:
         return policy, "default"
     return policy.with_upstream_context(reported), "upstream"
+
+
+_SAID = {
+    "policy": "the policy's limits.tokens.context_length",
+    "upstream": "the upstream's /v1/models max_model_len",
+    "default": "the default: the upstream reports none",
+}
+
+
+def policy_summary(policy: Policy, source: WindowSource) -> str:
+    """One line saying what the policy in force decides for ordinary traffic: the preset, the
+    context window and where it came from, the prompt and output caps, the upstream's kind,
+    whether API keys are required, where rate limits are kept."""
+    tokens = policy.limits.tokens
+    window = tokens.context_length
+    said = "none" if window is None else f"{window} tokens ({_SAID[source]})"
+    prompt = "the window" if tokens.max_prompt_tokens is None else str(tokens.max_prompt_tokens)
+    output = "the window" if tokens.max_output_tokens is None else str(tokens.max_output_tokens)
+    injected = (
+        "nothing injected"
+        if tokens.default_max_tokens is None
+        else f"{tokens.default_max_tokens} injected when a request sets none"
+    )
+    keys = (
+        f"{len(policy.keys)} API key(s) required"
+        if policy.keys
+        else "no API keys (every caller is the anonymous tenant)"
+    )
+    rate = "rate limits in Redis" if policy.rate.redis_url else "rate limits in memory"
+    return (
+        f"policy in force: preset {policy.preset}; context window {said}; prompt cap {prompt}; "
+        f"output cap {output}, {injected}; upstream kind {policy.upstream_kind}; {keys}; {rate}"
+    )
 
 
 class ContextWindow:
@@ -109,21 +142,18 @@ class ContextWindow:
                 "context window in force: %s tokens (%s)", self.value, self._described_source()
             )
         tokens = self._base.limits.tokens
-        if reported is not None and reported <= tokens.default_max_tokens:
+        default = tokens.default_max_tokens
+        if reported is not None and default is not None and reported <= default:
             _log.warning(
                 "the upstream's max_model_len (%d) is not above limits.tokens.default_max_tokens "
                 "(%d): requests without max_tokens will not fit",
                 reported,
-                tokens.default_max_tokens,
+                default,
             )
         return True
 
     def _described_source(self) -> str:
-        return {
-            "policy": "the policy's limits.tokens.context_length",
-            "upstream": "the upstream's /v1/models max_model_len",
-            "default": "the default: the upstream reports none",
-        }[self.source]
+        return _SAID[self.source]
 
     async def start(self) -> None:
         """At start-up: ask once; if the upstream does not answer yet, keep asking in the

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -37,6 +37,7 @@ from guard.admission import (
     ConcurrencyLimiter,
     MemoryRateLimiter,
     RateLimiter,
+    RateLimits,
     Reservation,
 )
 from guard.errors import ClientDisconnected, ClientTooSlow, GuardError, InternalError
@@ -74,6 +75,7 @@ __all__ = [
     "check_outcomes",
     "extract_usage",
     "forward_body",
+    "reservable",
     "upstream_error_code",
 ]
 
@@ -215,6 +217,16 @@ def _costs(ex: Exchange, verdict: Verdict) -> tuple[int, dict[str, Any]]:
         "prompt_tokens": ex.prompt_tokens,
     }
     return costs.get("tokens_reserved", ex.prompt_tokens), relay_args
+
+
+def reservable(costs: Mapping[str, int], tokens: int, rate: RateLimits) -> int:
+    """The tokens to reserve: ``tokens``, except that a request without an output cap (its
+    reservation is the window's remainder, a bound rather than a request) is charged at most
+    the key's token bucket, never refused for it; ``usage`` settles the rest."""
+    capacity = rate.token_capacity
+    if not costs.get("output_tokens_implicit") or capacity is None or tokens <= capacity:
+        return tokens
+    return max(costs.get("prompt_tokens", 0), capacity)
 
 
 def forward_body(verdict: Verdict, raw: bytes) -> bytes:
@@ -472,6 +484,8 @@ class Gateway:
         overhead = t_limit - ex.start - ex.read_s
         tenant = admission.tenant
         rate = self.policy.rate_for(admission.key)
+        if admission.checked:
+            reserve_tokens = reservable(verdict.costs, reserve_tokens, rate)
         if self._reserve_now is not None:  # in memory: no coroutine needed
             reservation = self._reserve_now(tenant, limits=rate, tokens=reserve_tokens)
         else:

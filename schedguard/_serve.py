@@ -26,7 +26,7 @@ import yaml
 from schedguard._servers import RunningServer, ServerSpec, ServerStartError, free_port
 
 if TYPE_CHECKING:
-    from guard.policy import PolicyError
+    from guard.policy import Policy, PolicyError
 
 UPSTREAM_ENV = "SCHEDGUARD_UPSTREAM__URL"
 REDIS_ENV = "SCHEDGUARD_RATE__REDIS_URL"
@@ -45,6 +45,7 @@ class ServeOptions:
     log_level: str
     upstream_mem_limit_bytes: int
     admin_listen: str | None = None
+    embedded_reference: bool = False
 
 
 def _err(message: str, command: str = "serve") -> None:
@@ -134,6 +135,16 @@ def serve(opts: ServeOptions) -> int:
     if policy.rate.redis_url is not None and importlib.util.find_spec("redis") is None:
         # Said before anything starts (the CLI turns this into one line naming the extra).
         raise ModuleNotFoundError("No module named 'redis'", name="redis")
+    if policy.upstream.url is None and not opts.embedded_reference:
+        _err(
+            "no upstream: pass --upstream URL (or set upstream.url in the policy, or "
+            "SCHEDGUARD_UPSTREAM__URL); --embedded-reference serves the built-in reference "
+            "scheduler instead, a test model, not for real clients"
+        )
+        return 2
+    if policy.upstream.url is not None and opts.embedded_reference:
+        _err(f"--embedded-reference and an upstream ({policy.upstream.url}) exclude each other")
+        return 2
     os.environ.update(overrides)  # the workers load the same policy
     embedded: RunningServer | None = None
     try:
@@ -145,7 +156,10 @@ def serve(opts: ServeOptions) -> int:
                 return 1
             os.environ[UPSTREAM_ENV] = embedded.url
             policy = load_policy(os.environ.get(POLICY_ENV) or None, os.environ)
-            where = f"{embedded.url} (embedded reference scheduler, hardened profile)"
+            where = (
+                f"{embedded.url} (the EMBEDDED REFERENCE SCHEDULER, hardened profile: a test "
+                "model, not for real clients)"
+            )
         else:
             where = policy.upstream.url
         admin_note = ""
@@ -157,6 +171,7 @@ def serve(opts: ServeOptions) -> int:
             file=sys.stderr,
             flush=True,
         )
+        print(_policy_line(policy), file=sys.stderr, flush=True)
         # uvicorn re-raises SIGTERM once it has shut down; with the default handler that kills
         # this process before the embedded upstream is stopped. Exit through `finally` instead.
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -174,6 +189,16 @@ def serve(opts: ServeOptions) -> int:
         if embedded is not None:
             embedded.stop()
     return 0
+
+
+def _policy_line(policy: Policy) -> str:
+    """The policy in force, as the workers will start with it: the upstream's window and
+    kind asked for once here (each worker asks again and follows changes)."""
+    from guard.context_window import in_force, policy_summary
+
+    assert policy.upstream.url is not None
+    models = _models_of(policy.upstream.url)
+    return "schedguard serve: " + policy_summary(*in_force(policy, models))
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -209,6 +234,33 @@ def show_policy(path: str | None, *, as_json: bool = False, upstream: str | None
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
     sys.stdout.write(text + _context_comment(window))
+    return 0
+
+
+def new_key(tenant: str, *, as_json: bool = False) -> int:
+    """A new random API key for ``tenant``, with the policy entry holding its digest."""
+    import secrets
+
+    from pydantic import ValidationError
+
+    from guard.policy import KeyEntry, key_digest
+
+    key = "sk-sg-" + secrets.token_urlsafe(32)
+    try:
+        entry = KeyEntry(key_sha256=key_digest(key), tenant=tenant)
+    except ValidationError as exc:
+        problem = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+        _err(f"--tenant: {problem}", "policy key")
+        return 2
+    if as_json:
+        doc = {"key": key, "key_sha256": entry.digest, "tenant": entry.tenant}
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return 0
+    sys.stdout.write(
+        f"# the key, for the client only (Authorization: Bearer <key>); it is not stored:\n"
+        f"# {key}\n"
+        f"keys:\n  - key_sha256: {entry.digest}\n    tenant: {entry.tenant}\n"
+    )
     return 0
 
 

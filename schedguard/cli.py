@@ -153,17 +153,25 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "serve",
         help="run the guard: an OpenAI-compatible gateway in front of an LLM server",
         description=(
-            "Run the guard. Without --upstream (and without upstream.url in the policy) the "
-            "reference scheduler (hardened profile) is started as an embedded upstream on a free "
-            "port and stopped with the guard. The policy is a YAML file overridable by "
-            "SCHEDGUARD_<SECTION>__<FIELD> environment variables; see `schedguard policy show`."
+            "Run the guard in front of the LLM server --upstream names (or upstream.url in the "
+            "policy); without one it exits 2, unless --embedded-reference asks for the "
+            "reference scheduler (hardened profile, a test model) as an embedded upstream on a "
+            "free port, stopped with the guard. The policy is a YAML file overridable by "
+            "SCHEDGUARD_<SECTION>__<FIELD> environment variables (an unknown SCHEDGUARD_* name "
+            "exits 2); see `schedguard policy show`. The policy in force is printed at start."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     serve.add_argument(
         "--upstream",
         metavar="URL",
-        help="base URL of the LLM server (overrides upstream.url); default: embedded reference",
+        help="base URL of the LLM server (overrides upstream.url)",
+    )
+    serve.add_argument(
+        "--embedded-reference",
+        action="store_true",
+        help="without an upstream, start the reference scheduler (hardened profile, a test "
+        "model) as the upstream, for demos and tests",
     )
     serve.add_argument(
         "--policy",
@@ -222,6 +230,22 @@ def _add_policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="policy YAML file; without it $SCHEDGUARD_POLICY, else the built-in policy",
     )
     show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    key = psub.add_parser(
+        "key",
+        help="make a new API key and the policy entry that admits it",
+        description=(
+            "Make a new random API key for a tenant: print the key (give it to the client, "
+            "once; it is not stored) and the `keys` entry to paste into the policy, which holds "
+            "only its SHA-256 digest."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    key.add_argument(
+        "--tenant",
+        required=True,
+        help="the tenant the key belongs to (letters, digits, _.:@-, at most 64)",
+    )
+    key.add_argument("--json", action="store_true", help="print {key, key_sha256, tenant} as JSON")
     show.add_argument(
         "--upstream",
         metavar="URL",
@@ -290,13 +314,16 @@ def _run_serve(args: argparse.Namespace) -> int:
                 None if args.admin_port is None else _listen(args.admin_host, args.admin_port)
             ),
             upstream_mem_limit_bytes=args.upstream_mem_limit_mb << 20,
+            embedded_reference=args.embedded_reference,
         )
     )
 
 
 def _run_policy(args: argparse.Namespace) -> int:
-    from schedguard._serve import show_policy
+    from schedguard._serve import new_key, show_policy
 
+    if args.policy_command == "key":
+        return new_key(args.tenant, as_json=args.json)
     return show_policy(args.policy, as_json=args.json, upstream=args.upstream)
 
 

@@ -106,14 +106,20 @@ def requested_output(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[str, 
 
 
 def effective_output(body: Mapping[str, Any], endpoint: Endpoint, policy: Policy) -> int | None:
-    """The output cap after the tokens check (injected default, clamped); None for endpoints
-    that generate nothing. Never raises: the tokens check reports a requested cap too large."""
+    """The output cap after the tokens check (injected default, clamped): the largest output
+    the upstream may generate per sequence; None for endpoints that generate nothing, or when
+    nothing bounds it. Never raises: the tokens check reports a requested cap too large."""
     tokens = policy.limits.tokens
+    cap = tokens.output_limit
     requested = requested_output(body, endpoint)
     if requested is None:
-        return tokens.default_max_tokens if endpoint in INJECT_FIELD else None
+        if endpoint not in INJECT_FIELD:
+            return None
+        return tokens.default_max_tokens if tokens.default_max_tokens is not None else cap
     value = requested[1]
-    return value if 0 < value <= tokens.max_output_tokens else tokens.max_output_tokens
+    if cap is None:
+        return value if value > 0 else None
+    return value if 0 < value <= cap else cap
 
 
 def prompt_items(value: Any) -> list[Any] | None:

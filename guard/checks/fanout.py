@@ -23,7 +23,7 @@ from guard.checks._fields import effective_output, lax_int, prompt_items
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import LimitExceeded
 from guard.policy._models import FanoutPolicy, Policy
-from guard.request_view import RequestView
+from guard.request_view import Endpoint, RequestView
 
 __all__ = ["check_fanout"]
 
@@ -78,7 +78,7 @@ def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
         return None
     _check_samples(body, limits)
     _check_logprobs(body, limits)
-    _check_prompts(body, limits.max_prompts)
+    _check_prompts(body, view.endpoint, limits)
     _check_min_tokens(body, view, policy)
     _check_stop(body.get("stop"), limits.max_stop_sequences, limits.max_stop_bytes)
     _check_entries(body, limits)
@@ -120,14 +120,20 @@ def _check_logprobs(body: dict[str, Any], limits: FanoutPolicy) -> None:
         )
 
 
-def _check_prompts(body: dict[str, Any], max_prompts: int) -> None:
-    """The number of prompts in a list-valued ``prompt`` or ``input``."""
+def _check_prompts(body: dict[str, Any], endpoint: Endpoint, limits: FanoutPolicy) -> None:
+    """The number of prompts in a list-valued ``prompt`` or ``input`` (embeddings inputs have
+    their own cap)."""
     for name in ("prompt", "input"):
         items = prompt_items(body.get(name))
-        if items is not None and len(items) > max_prompts:
+        if items is None:
+            continue
+        embeddings = endpoint == "embeddings" and name == "input"
+        most = limits.max_embedding_inputs if embeddings else limits.max_prompts
+        if len(items) > most:
             raise LimitExceeded(
                 "prompts_exceeded",
-                f"{name} holds {len(items)} prompts; the limit is {max_prompts}",
+                f"{name} holds {len(items)} {'inputs' if embeddings else 'prompts'}; the limit "
+                f"is {most}",
                 param=name,
             )
 
@@ -139,8 +145,8 @@ def _check_min_tokens(body: dict[str, Any], view: RequestView, policy: Policy) -
         return
     cap = effective_output(body, view.endpoint, policy)
     if cap is None:
-        cap = policy.limits.tokens.max_output_tokens
-    if min_tokens > cap:
+        cap = policy.limits.tokens.output_limit
+    if cap is not None and min_tokens > cap:
         raise LimitExceeded(
             "min_tokens_exceeds_max_tokens",
             f"min_tokens is {min_tokens}, more than the output cap of {cap}",

@@ -17,17 +17,23 @@ Codes: ``template_depth_exceeded``, ``template_unbalanced``, ``template_expansio
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from guard.budget import Budget, Limits
+from guard.checks._jsonsize import indent4_size
 from guard.checks._placeholders import Source, bound_expansion, parse_source
+from guard.checks._render import load_chat_template
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import GuardError, LimitExceeded, TemplateError
 from guard.jinja import (
     CODE_INVALID,
+    CODE_KWARG_NOT_ALLOWED,
+    RESERVED_TEMPLATE_KWARGS,
     check_request_template_fields,
     compile_chat_template,
     render_chat_template,
+    template_variables,
 )
 from guard.policy._models import Policy, TemplatesPolicy
 from guard.request_view import RequestView
@@ -122,8 +128,10 @@ def _check_chat_template(body: dict[str, Any], policy: Policy, costs: dict[str, 
         chat_template=template,
         chat_template_kwargs=kwargs,
         allow_request_template=limits.allow_request_chat_template,
-        allowed_kwargs=limits.chat_template_kwargs_allowlist,
+        allowed_kwargs=None,
     )
+    if kwargs:
+        _check_kwargs(kwargs, policy)
     if not limits.allow_request_chat_template:
         return
     for source, param in (
@@ -140,6 +148,68 @@ def _check_chat_template(body: dict[str, Any], policy: Policy, costs: dict[str, 
             raise
 
 
+def _check_kwargs(kwargs: dict[str, Any], policy: Policy) -> None:
+    """Each key accepted (the allowlist, or a variable the upstream's template reads; never a
+    reserved name) and the values' size within the cap."""
+    limits = policy.limits.templates
+    accepted: frozenset[str] | None = None
+    left = limits.max_chat_template_kwargs_bytes
+    for key, value in kwargs.items():
+        param = f"chat_template_kwargs.{_shown(key)}"
+        if key == "chat_template" and limits.allow_request_chat_template:
+            continue
+        reason = RESERVED_TEMPLATE_KWARGS.get(key)
+        if reason is not None:
+            raise TemplateError(
+                CODE_KWARG_NOT_ALLOWED,
+                f"chat_template_kwargs key {_shown(key)!r} is never accepted: {reason}",
+                param=param,
+            )
+        if key not in limits.chat_template_kwargs_allowlist:
+            if accepted is None:
+                accepted = _template_reads(policy)
+            if key not in accepted:
+                raise TemplateError(
+                    CODE_KWARG_NOT_ALLOWED,
+                    f"chat_template_kwargs key {_shown(key)!r} is not read by the upstream's "
+                    "chat template and not on limits.templates.chat_template_kwargs_allowlist",
+                    param=param,
+                )
+        left -= indent4_size(value, left + 1)
+        if left < 0:
+            raise TemplateError(
+                CODE_KWARG_NOT_ALLOWED,
+                f"chat_template_kwargs values are larger than "
+                f"{limits.max_chat_template_kwargs_bytes} bytes together",
+                param=param,
+            )
+
+
+def _template_reads(policy: Policy) -> frozenset[str]:
+    """The variables the upstream's chat template reads (none when it is not known, or when
+    the policy does not take kwargs from it)."""
+    limits = policy.limits.templates
+    if not limits.chat_template_kwargs_from_template:
+        return frozenset()
+    tokens = policy.limits.tokens
+    return _variables_of(tokens.chat_template, tokens.tokenizer, limits.chat_template)
+
+
+@functools.lru_cache(maxsize=16)
+def _variables_of(spec: str | None, tokenizer: str, sandbox: Any) -> frozenset[str]:
+    try:
+        source = load_chat_template(spec, tokenizer)
+    except (OSError, ValueError):
+        return frozenset()  # refused at start-up; a file gone since counts as none
+    if source is None:
+        return frozenset()
+    names: set[str] = set()
+    for text in (source.default, source.tool_use):
+        if text is not None:
+            names |= template_variables(text, sandbox)
+    return frozenset(names)
+
+
 def _validate_chat_template(
     source: Any,
     body: dict[str, Any],
@@ -153,7 +223,7 @@ def _validate_chat_template(
     compiled = compile_chat_template(source, sandbox)
     if not policy.limits.templates.render_request_chat_template:
         return
-    cap = policy.limits.tokens.max_prompt_tokens
+    cap = policy.limits.tokens.prompt_limit
     counter = get_counter(policy.limits.tokens.tokenizer)
     budget = Budget(
         Limits(max_tokens=cap, deadline_s=sandbox.deadline_s),
@@ -169,5 +239,16 @@ def _validate_chat_template(
         "eos_token": "",
     }
     variables.update((k, v) for k, v in kwargs.items() if k != "chat_template")
-    render_chat_template(compiled, variables, limits=sandbox, budget=budget)
+    try:
+        render_chat_template(compiled, variables, limits=sandbox, budget=budget)
+    except LimitExceeded as exc:
+        tokens = policy.limits.tokens
+        if exc.code != "prompt_tokens_exceeded" or tokens.max_prompt_tokens is not None:
+            raise
+        raise LimitExceeded(
+            "context_length_exceeded",
+            f"the rendered prompt has more tokens than the context length of "
+            f"{tokens.context_length}",
+            param=exc.param,
+        ) from None
     costs["chat_template_prompt_tokens"] = budget.tokens_used()

@@ -72,28 +72,60 @@ def check_tokens(view: RequestView, policy: Policy) -> CheckResult | None:
     tokens = policy.limits.tokens
     endpoint = view.endpoint
     mutations: list[Mutation] = []
-    output = _output_cap(body, endpoint, tokens, mutations)
+    output = _output_cap(body, endpoint, policy, mutations)
     counter = get_counter(tokens.tokenizer)
     context = _Context(policy, counter, counting_for(policy, counter), output)
     units = prompt_units(body, endpoint, context.counting)
-    prompt, exact = _count(units, context, body)
+    prompt, exact, per_unit = _count(units, context, body)
+    if output is not None and output.to_window:
+        output = _clamped_to_window(output, per_unit, tokens, mutations)
     sequences = 0
+    reserved = 0
     if output is not None:
+        per_prompt = sequences_per_prompt(body)
         prompts = len(units) if endpoint in ("completions", "other") else 1
-        sequences = sequences_per_prompt(body) * max(1, prompts)
-    reserved = (output or 0) * sequences
+        sequences = per_prompt * max(1, prompts)
+        if output.implicit:
+            reserved = _window_remainder(per_unit, prompts, per_prompt, tokens.context_length)
+        else:
+            reserved = output.tokens * sequences
     costs = {
         "prompt_tokens": prompt,
         "prompt_tokens_exact": int(exact),
-        "output_tokens": output or 0,
+        "output_tokens": 0 if output is None or output.implicit else output.tokens,
         "sequences": sequences,
         "output_tokens_reserved": reserved,
         "tokens_reserved": prompt + reserved,
     }
+    if output is not None and output.implicit:
+        costs["output_tokens_implicit"] = 1
     media = sum(unit.media for unit in units)
     if media:
         costs["media_tokens"] = media
     return CheckResult.passed(costs, tuple(mutations))
+
+
+def _clamped_to_window(
+    output: _Output, per_unit: list[int], tokens: TokensPolicy, mutations: list[Mutation]
+) -> _Output:
+    """The fields over the window clamped to what it leaves beside the longest prompt."""
+    assert tokens.context_length is not None  # to_window is only set with a window
+    left = max(1, tokens.context_length - max(per_unit, default=0))
+    mutations.extend(Mutation((name,), left, "max_output_tokens") for name in output.to_window)
+    return _Output(left)
+
+
+def _window_remainder(
+    per_unit: list[int], prompts: int, per_prompt: int, context_length: int | None
+) -> int:
+    """The output a request without a cap may generate: what the window leaves after each
+    prompt, per sequence (0 when no window is known: the limiter settles from ``usage``)."""
+    if context_length is None:
+        return 0
+    if len(per_unit) == prompts:
+        return per_prompt * sum(max(0, context_length - used) for used in per_unit)
+    # One conversation counted as a whole (chat): one prompt.
+    return per_prompt * max(0, context_length - sum(per_unit))
 
 
 _COUNTING: dict[int, tuple[TokensPolicy, Counting]] = {}
@@ -122,46 +154,77 @@ def counting_for(policy: Policy, counter: TokenCounter) -> Counting:
     return counting
 
 
+@dataclass(frozen=True, slots=True)
+class _Output:
+    """The output cap of each sequence: ``tokens`` set by the request (or injected), or, when
+    ``implicit``, none: the upstream generates to the end of the window (``tokens`` is then
+    the least it needs beside the prompt, 1). ``to_window``: fields over the window-derived
+    cap, clamped once the prompt is counted to what the window leaves beside it."""
+
+    tokens: int
+    implicit: bool = False
+    to_window: tuple[str, ...] = ()
+
+
 @dataclass(slots=True)
 class _Context:
     policy: Policy
     counter: TokenCounter
     counting: Counting
-    output: int | None
+    output: _Output | None
 
 
 def _output_cap(
-    body: dict[str, Any], endpoint: Endpoint, tokens: TokensPolicy, mutations: list[Mutation]
-) -> int | None:
-    """The output cap per sequence after injection or clamping; None when nothing is generated."""
-    cap = tokens.max_output_tokens
+    body: dict[str, Any], endpoint: Endpoint, policy: Policy, mutations: list[Mutation]
+) -> _Output | None:
+    """The output cap per sequence after clamping or injection; None when nothing is
+    generated."""
+    tokens = policy.limits.tokens
+    cap = tokens.output_limit
+    to_window: list[str] = []
     for name in output_fields(endpoint):
         value = lax_int(body.get(name))
-        if value is None or 0 < value <= cap:
+        if value is None or (value > 0 and (cap is None or value <= cap)):
             continue
         # 0 and negative values are no cap at all to llama-cpp-python (it generates to the
-        # end of its context) and -1 is "unlimited" to llama.cpp's n_predict.
-        if tokens.over_max_output == "clamp":
-            mutations.append(Mutation((name,), cap, "max_output_tokens"))
+        # end of its context) and -1 is "unlimited" to llama.cpp's n_predict; vLLM refuses them.
+        if tokens.over_max_output == "clamp" and cap is not None:
+            if tokens.max_output_tokens is None:
+                to_window.append(name)  # to what the window leaves, once the prompt is known
+            else:
+                mutations.append(Mutation((name,), cap, "max_output_tokens"))
             continue
         shown = f"{value} (unlimited)" if value <= 0 else str(value)
-        raise LimitExceeded(
-            "max_tokens_exceeded", f"{name} is {shown}; the limit is {cap}", param=name
-        )
+        if value <= 0:
+            limit = "it must be at least 1"
+        elif tokens.max_output_tokens is None:
+            limit = f"the context window is {tokens.context_length} tokens, so the limit is {cap}"
+        else:
+            limit = f"the limit is {cap}"
+        raise LimitExceeded("max_tokens_exceeded", f"{name} is {shown}; {limit}", param=name)
     requested = requested_output(body, endpoint)
     inject = INJECT_FIELD.get(endpoint)
+    if to_window:
+        return _Output(1, to_window=tuple(to_window))
     if requested is not None:
-        output = min(requested[1], cap) if requested[1] > 0 else cap
-        if inject is not None and lax_int(body.get(inject)) is None:
+        value = requested[1]
+        output = value if cap is None else (min(value, cap) if value > 0 else cap)
+        if (
+            inject is not None
+            and lax_int(body.get(inject)) is None
+            and policy.upstream_kind == "llama_cpp"
+        ):
             # Only another field caps the output (max_completion_tokens, n_predict,
             # max_new_tokens): llama-cpp-python reads max_tokens alone, and without it
-            # generates to the end of its context. Every upstream reads max_tokens.
+            # generates to the end of its context. vLLM reads max_completion_tokens itself.
             mutations.append(Mutation((inject,), output, "max_tokens_missing"))
-        return output
+        return _Output(output)
     if inject is None:
         return None
-    mutations.append(Mutation((inject,), tokens.default_max_tokens, "default_max_tokens"))
-    return tokens.default_max_tokens
+    if tokens.default_max_tokens is not None:
+        mutations.append(Mutation((inject,), tokens.default_max_tokens, "default_max_tokens"))
+        return _Output(tokens.default_max_tokens)
+    return _Output(1, implicit=True)
 
 
 def _utf8_len(text: str) -> int:
@@ -191,57 +254,82 @@ def _fixed(unit: PromptUnit) -> int:
     return unit.token_ids + unit.overhead + unit.media + unit.specials
 
 
-def _upper_bound(units: list[PromptUnit], ctx: _Context, unit_limit: int | None) -> int | None:
-    """The UTF-8 byte count (plus ids and overheads) when it proves every limit holds."""
-    total_limit = ctx.policy.limits.tokens.max_prompt_tokens
-    depth = ctx.policy.limits.templates.max_depth
+# A limit no count reaches: a prompt held only by its own size (no window, no cap).
+_UNBOUNDED = 1 << 62
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _upper_bound(
+    units: list[PromptUnit], ctx: _Context, unit_limit: int | None
+) -> tuple[int, list[int]] | None:
+    """The UTF-8 byte count (plus ids and overheads), in all and per unit, when it proves
+    every limit holds."""
+    policy = ctx.policy
+    total_limit = policy.limits.tokens.max_prompt_tokens
+    depth = policy.limits.templates.max_depth
+    # Without a limit a template's expansion is weighed up to what the templates check allows.
+    expansion_cap = policy.limits.templates.max_expansion_chars * 4 + 1
     raw = ctx.counting.media_as_text  # llama-cpp-python prints arguments as sent
-    parsed = "vllm" in ctx.policy.limits.tokens.render_like
+    parsed = "vllm" in policy.limits.tokens.render_like
     total = 0
+    sizes: list[int] = []
     for unit in units:
+        found = _least(unit_limit, None if total_limit is None else total_limit - total)
+        limit = _UNBOUNDED if found is None else found
         size = _fixed(unit)
         for _, text in unit.texts:
-            if len(text) > total_limit:  # bytes >= characters: no proof from bytes
+            if len(text) > limit:  # bytes >= characters: no proof from bytes
                 return None
             size += _utf8_len(text)
-            if total + size > total_limit:  # already past: no proof, whatever follows
+            if size > limit:  # already past: no proof, whatever follows
                 return None
         for _, value in unit.values:
-            size += indent4_size(value, total_limit - total - size)
-            if total + size > total_limit:
+            size += indent4_size(value, limit - size)
+            if size > limit:
                 return None
         for arg in unit.arguments:
             weight = _utf8_len(arg.raw) if raw else 0
             if parsed:
-                weight = max(weight, indent4_size(arg.parsed, total_limit - total - size))
+                weight = max(weight, indent4_size(arg.parsed, limit - size))
             size += weight
-            if total + size > total_limit:
+            if size > limit:
                 return None
-        size += _template_size(unit, _utf8_len, depth, total_limit + 1)
-        if unit_limit is not None and size > unit_limit:
+        cap = expansion_cap if found is None else found + 1
+        size += _template_size(unit, _utf8_len, depth, cap)
+        if size > limit:
             return None
         total += size
-        if total > total_limit:
-            return None
-    return total
+        sizes.append(size)
+    return total, sizes
 
 
-def _count(units: list[PromptUnit], ctx: _Context, body: dict[str, Any]) -> tuple[int, bool]:
-    """(prompt tokens, counted) for ``units``, or the first limit crossed as LimitExceeded."""
+def _count(
+    units: list[PromptUnit], ctx: _Context, body: dict[str, Any]
+) -> tuple[int, bool, list[int]]:
+    """(prompt tokens, counted, each unit's tokens) for ``units``, or the first limit crossed
+    as LimitExceeded."""
     tokens = ctx.policy.limits.tokens
     context = tokens.context_length
-    unit_limit = None if context is None else context - (ctx.output or 0)
+    output = ctx.output.tokens if ctx.output is not None else 0
+    unit_limit = None if context is None else context - output
     template = _template_for(body, ctx.policy)
     exact = tokens.exact_costs if tokens.exact_costs is not None else template is not None
     if ctx.counter.byte_bounds and not exact:
         bound = _upper_bound(units, ctx, unit_limit)
         if bound is not None:
-            return bound, False
+            return bound[0], False, bound[1]
     remaining = tokens.max_prompt_tokens
     total = 0
+    per_unit: list[int] = []
     for unit in units:
-        by_context = unit_limit is not None and unit_limit < remaining
-        limit = unit_limit if by_context and unit_limit is not None else remaining
+        by_context = unit_limit is not None and (remaining is None or unit_limit < remaining)
+        found = unit_limit if by_context else remaining
+        limit = _UNBOUNDED if found is None else found
         over = _Over(by_context, tokens, ctx.output)
         used = None
         if unit.chat is not None and template is not None:
@@ -249,8 +337,10 @@ def _count(units: list[PromptUnit], ctx: _Context, body: dict[str, Any]) -> tupl
         if used is None:
             used = _counted(unit, ctx, limit, over)
         total += used
-        remaining -= used
-    return total, True
+        per_unit.append(used)
+        if remaining is not None:
+            remaining -= used
+    return total, True, per_unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,16 +349,19 @@ class _Over:
 
     by_context: bool
     tokens: TokensPolicy
-    output: int | None
+    output: _Output | None
 
     def __call__(self, path: tuple[str | int, ...]) -> LimitExceeded:
         param = fmt_path(path) or None
         if self.by_context:
+            if self.output is None or self.output.implicit:
+                what = "the prompt leaves no room for output within"
+            else:
+                what = f"the prompt plus the output cap ({self.output.tokens} tokens) exceeds"
             return LimitExceeded(
                 "context_length_exceeded",
-                f"the prompt plus the output cap ({self.output or 0} tokens) exceeds the "
-                f"context length of {self.tokens.context_length} tokens; shorten the prompt "
-                "or lower max_tokens",
+                f"{what} the context length of {self.tokens.context_length} tokens; shorten "
+                "the prompt or lower max_tokens",
                 param=param,
             )
         return LimitExceeded(

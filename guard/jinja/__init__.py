@@ -17,7 +17,9 @@ from guard.jinja._chat_template import (
     CODE_SECURITY,
     CODE_TOO_LARGE,
     CODE_VALUE_TOO_LARGE,
+    COMMON_TEMPLATE_KWARGS,
     DEFAULT_LIMITS,
+    RESERVED_TEMPLATE_KWARGS,
     SAFE_TEMPLATE_KWARGS,
     ChatTemplateLimits,
     GuardedTemplate,
@@ -32,6 +34,7 @@ from guard.jinja._chat_template import (
     map_template_exception,
     raise_exception,
     render_chat_template,
+    template_variables,
 )
 
 __all__ = [
@@ -47,7 +50,9 @@ __all__ = [
     "CODE_SECURITY",
     "CODE_TOO_LARGE",
     "CODE_VALUE_TOO_LARGE",
+    "COMMON_TEMPLATE_KWARGS",
     "DEFAULT_LIMITS",
+    "RESERVED_TEMPLATE_KWARGS",
     "SAFE_TEMPLATE_KWARGS",
     "ChatTemplateLimits",
     "GuardedTemplate",
@@ -62,4 +67,5 @@ __all__ = [
     "map_template_exception",
     "raise_exception",
     "render_chat_template",
+    "template_variables",
 ]

@@ -18,12 +18,14 @@ which ``chat_template_kwargs`` keys are accepted).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from jinja2 import meta
 from jinja2.exceptions import SecurityError, TemplateSyntaxError
 from jinja2.exceptions import TemplateError as JinjaTemplateError
 
@@ -65,7 +67,9 @@ __all__ = [
     "CODE_SECURITY",
     "CODE_TOO_LARGE",
     "CODE_VALUE_TOO_LARGE",
+    "COMMON_TEMPLATE_KWARGS",
     "DEFAULT_LIMITS",
+    "RESERVED_TEMPLATE_KWARGS",
     "SAFE_TEMPLATE_KWARGS",
     "ChatTemplateLimits",
     "GuardedTemplate",
@@ -80,6 +84,7 @@ __all__ = [
     "map_template_exception",
     "raise_exception",
     "render_chat_template",
+    "template_variables",
 ]
 
 # chat_template_kwargs keys a hardened server accepts: switches real templates read. Everything
@@ -92,6 +97,71 @@ SAFE_TEMPLATE_KWARGS = frozenset(
         "enable_thinking",
         "thinking",
         "reasoning_effort",
+    }
+)
+# chat_template_kwargs names refused whatever the template reads, and why: each changes what
+# the server does rather than what the template prints (vLLM 0.32 passes the request's kwargs
+# to transformers' ``apply_chat_template`` beside its own arguments), or replaces a value the
+# server computes and the guard counts.
+RESERVED_TEMPLATE_KWARGS: Mapping[str, str] = {
+    "chat_template": "replaces the server's template (see allow_request_chat_template)",
+    "tokenize": "makes the server tokenize while rendering (vLLM GHSA-69j4-grxj-j64p)",
+    "conversation": "replaces the conversation the server builds",
+    "messages": "replaces the conversation the server builds",
+    "tools": "replaces the request's tools; use the top-level field",
+    "documents": "replaces the request's documents; use the top-level field",
+    "padding": "a tokenizer argument of apply_chat_template",
+    "truncation": "a tokenizer argument of apply_chat_template (cuts the prompt)",
+    "max_length": "a tokenizer argument of apply_chat_template",
+    "return_tensors": "a tokenizer argument of apply_chat_template",
+    "return_dict": "changes what apply_chat_template returns",
+    "return_assistant_tokens_mask": "changes what apply_chat_template returns",
+    "tokenizer_kwargs": "arguments for the server's tokenizer",
+    "processor_kwargs": "arguments for the server's processor",
+    "mm_processor_kwargs": "arguments for the server's media processor",
+    "bos_token": "the tokenizer's special token",
+    "eos_token": "the tokenizer's special token",
+    "pad_token": "the tokenizer's special token",
+    "unk_token": "the tokenizer's special token",
+    "sep_token": "the tokenizer's special token",
+    "cls_token": "the tokenizer's special token",
+    "mask_token": "the tokenizer's special token",
+    "additional_special_tokens": "the tokenizer's special tokens",
+    "raise_exception": "a function the server defines for templates",
+    "strftime_now": "a function the server defines for templates",
+    "range": "a Jinja global",
+    "dict": "a Jinja global",
+    "namespace": "a Jinja global",
+    "cycler": "a Jinja global",
+    "joiner": "a Jinja global",
+    "lipsum": "a Jinja global",
+}
+
+# The switches the chat templates of common open-weight models read, accepted when the
+# upstream's own template is not known: Qwen 3 / GLM 4.5 / Gemma 4 / SmolLM 3
+# (``enable_thinking``), DeepSeek V3.1 and Granite 3.2 (``thinking``), gpt-oss
+# (``reasoning_effort``, ``model_identity``, ``builtin_tools``), Llama 3.1-3.3
+# (``tools_in_user_message``, ``date_string``, ``builtin_tools``, ``custom_tools``), Command R
+# and Command A (``citation_mode``, ``safety_mode``), Granite 3.3 (``controls``), Qwen2-VL
+# (``add_vision_id``), SmolLM 3 (``xml_tools``, ``python_tools``); and the generation switches.
+COMMON_TEMPLATE_KWARGS = frozenset(
+    {
+        "add_generation_prompt",
+        "continue_final_message",
+        "enable_thinking",
+        "thinking",
+        "reasoning_effort",
+        "model_identity",
+        "builtin_tools",
+        "tools_in_user_message",
+        "date_string",
+        "custom_tools",
+        "citation_mode",
+        "safety_mode",
+        "controls",
+        "add_vision_id",
+        "xml_tools",
+        "python_tools",
     }
 )
 _MAX_KWARG_STRING = 256
@@ -148,6 +218,24 @@ def check_request_template_fields(
                 f"{_MAX_KWARG_STRING} characters)",
                 param=param,
             )
+
+
+def template_variables(source: str, limits: ChatTemplateLimits = DEFAULT_LIMITS) -> frozenset[str]:
+    """The variables a chat template reads and does not set itself (``messages``,
+    ``add_generation_prompt``, its switches such as ``enable_thinking``), from its syntax tree
+    as vLLM finds them (``jinja2.meta.find_undeclared_variables``); scanned first, so a
+    template too large or nested too deep raises as it would compile."""
+    check_chat_template(source, limits)
+    try:
+        tree = _variables_env().parse(source)
+    except TemplateSyntaxError as exc:
+        raise TemplateError(CODE_INVALID, f"the chat template does not parse: {exc}") from None
+    return frozenset(meta.find_undeclared_variables(tree))
+
+
+@functools.cache
+def _variables_env() -> HardenedEnvironment:
+    return HardenedEnvironment()
 
 
 # -- checking and compiling -------------------------------------------------------------------

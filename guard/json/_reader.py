@@ -81,14 +81,20 @@ class JsonLimits:
         description="Deepest nesting of arrays and objects, scanned before parsing (a chat "
         "request nests about 5 deep; JSON schemas add 2 per level). At most 128.",
     )
-    max_keys_per_object: _Count = Field(default=256, description="Most keys in one JSON object.")
+    max_keys_per_object: _Count = Field(
+        default=1024,
+        description="Most keys in one JSON object (OpenAI's `logit_bias` takes 300; a JSON "
+        "schema's `properties` rarely more than a few dozen).",
+    )
     max_total_keys: _Count = Field(
-        default=10_000, description="Most object keys in the whole body."
+        default=65_536,
+        description="Most object keys in the whole body (a conversation of 2,048 messages "
+        "with tool calls holds about 16,000).",
     )
     max_array_length: _Count = Field(
-        default=4096,
+        default=131_072,
         description="Most elements of one array: messages, content parts, batched prompts, "
-        "token ids. Raise it for long token-id prompts or big embedding batches.",
+        "token ids (a token-id prompt as long as a 128k-token context window).",
     )
     max_string_bytes: _Count = Field(
         default=1_048_576,

@@ -22,9 +22,8 @@ Every field is documented in docs/POLICY.md (generated from the field descriptio
 """
 
 from guard.errors import PolicyError
+from guard.policy._env import ENV_PREFIX, ENV_SEPARATOR, OTHER_VARIABLES, policy_variables
 from guard.policy._load import (
-    ENV_PREFIX,
-    ENV_SEPARATOR,
     default_policy,
     load_policy,
     policy_from_yaml,
@@ -57,6 +56,7 @@ __all__ = [
     "DEFAULT_CONTEXT_LENGTH",
     "ENV_PREFIX",
     "ENV_SEPARATOR",
+    "OTHER_VARIABLES",
     "FanoutPolicy",
     "KeyEntry",
     "LimitsPolicy",
@@ -75,4 +75,5 @@ __all__ = [
     "load_policy",
     "policy_from_yaml",
     "policy_to_yaml",
+    "policy_variables",
 ]

@@ -21,11 +21,8 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from guard.errors import PolicyError
+from guard.policy._env import apply_env
 from guard.policy._models import Policy, is_section, model_dump_for, section_fields
-
-ENV_PREFIX = "SCHEDGUARD_"
-ENV_SEPARATOR = "__"
-
 
 # -- YAML ---------------------------------------------------------------------------------------
 
@@ -72,51 +69,6 @@ def read_policy_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise PolicyError(["the policy must be a YAML mapping"], path)
     return data
-
-
-# -- environment --------------------------------------------------------------------------------
-
-
-def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
-    """Apply ``SCHEDGUARD_<SECTION>__<FIELD>...=<YAML value>`` overrides to ``data`` in place.
-
-    Returns the dotted path each variable set, by path (for error messages). A variable whose
-    first segment is not a policy section and which has no ``__`` is not a policy override
-    (``SCHEDGUARD_POLICY``, say) and is ignored.
-    """
-    sections = {name: field.alias or name for name, field in Policy.model_fields.items()}
-    known = set(sections.values())
-    origins: dict[str, str] = {}
-    problems: list[str] = []
-    for var in sorted(env):
-        if not var.upper().startswith(ENV_PREFIX) or var.upper() == ENV_PREFIX:
-            continue
-        rest = var[len(ENV_PREFIX) :]
-        parts = [p.lower() for p in rest.split(ENV_SEPARATOR)]
-        if parts[0] not in known and len(parts) == 1:
-            continue
-        if any(not p for p in parts):
-            problems.append(f"{var}: empty path segment (use {ENV_SEPARATOR} between names)")
-            continue
-        path = ".".join(parts)
-        value = parse_yaml(env[var], var) if env[var].strip() else None
-        node: Any = data
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                problems.append(
-                    f"{path}: cannot set from {var}: {'.'.join(parts[: i + 1])} is not a mapping"
-                )
-                break
-            node = child
-        else:
-            node[parts[-1]] = value
-            origins[path] = var
-    if problems:
-        raise PolicyError(problems, "environment")
-    return origins
 
 
 # -- validation messages ------------------------------------------------------------------------
@@ -259,7 +211,7 @@ def load_policy(path: str | None = None, env: Mapping[str, str] = os.environ) ->
     Raises :class:`PolicyError` listing every problem found.
     """
     data = read_policy_file(path) if path is not None else {}
-    origins = apply_env(data, env)
+    origins = apply_env(data, env, parse_yaml)
     policy = build_policy(data, origins, path)
     _check_tokenizer(policy, origins, path)
     return policy
@@ -272,7 +224,7 @@ def policy_from_yaml(text: str, env: Mapping[str, str] | None = None) -> Policy:
         data = {}
     if not isinstance(data, dict):
         raise PolicyError(["the policy must be a YAML mapping"], "<yaml>")
-    origins = apply_env(data, env or {})
+    origins = apply_env(data, env or {}, parse_yaml)
     policy = build_policy(data, origins, "<yaml>")
     _check_tokenizer(policy, origins, "<yaml>")
     return policy

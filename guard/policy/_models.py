@@ -33,8 +33,9 @@ from guard._limits import LIMITS_CONFIG, NonNegInt, PosFloat, PosInt
 from guard.admission import ConcurrencyLimits, RateLimits
 from guard.guided import GuidedLimits
 from guard.http import ConnectionLimits, FramingLimits, UpstreamConfig
-from guard.jinja import SAFE_TEMPLATE_KWARGS, ChatTemplateLimits
+from guard.jinja import COMMON_TEMPLATE_KWARGS, RESERVED_TEMPLATE_KWARGS, ChatTemplateLimits
 from guard.json import JsonLimits
+from guard.policy._presets import PresetName, apply_preset, preset_summary
 
 # The names of the checks the pipeline knows, in the default order (cheapest first: fan-out
 # reads a few fields and counts lists without walking them, so 2,000 messages are refused
@@ -158,10 +159,38 @@ class TemplatesPolicy(Section):
         "forwarding (else only scan and compile it).",
     )
     chat_template_kwargs_allowlist: tuple[str, ...] = Field(
-        default=tuple(sorted(SAFE_TEMPLATE_KWARGS)),
-        description="`chat_template_kwargs` keys accepted (switches real templates read). "
-        "`tokenize` may not be listed (vLLM GHSA-69j4-grxj-j64p), nor `chat_template` (see "
-        "`allow_request_chat_template`).",
+        default=tuple(sorted(COMMON_TEMPLATE_KWARGS)),
+        description="`chat_template_kwargs` keys accepted whatever the template: the switches "
+        "the chat templates of common open-weight models read (Qwen 3, GLM 4.5, Gemma 4 and "
+        "SmolLM 3's `enable_thinking`; DeepSeek V3.1 and Granite's `thinking`; gpt-oss's "
+        "`reasoning_effort`, `model_identity`, `builtin_tools`; Llama 3.1's "
+        "`tools_in_user_message`, `date_string`, `builtin_tools`, `custom_tools`; Command R's "
+        "`citation_mode`, `safety_mode`; Granite 3.3's `controls`; Qwen2-VL's "
+        "`add_vision_id`; SmolLM 3's `xml_tools`, `python_tools`), and "
+        "`add_generation_prompt`, `continue_final_message`. The reserved names (below) may not "
+        "be listed.",
+    )
+    chat_template_kwargs_from_template: bool = Field(
+        default=True,
+        description="Also accept every variable the upstream's chat template reads "
+        "(`limits.tokens.chat_template`, configured or found next to the tokenizer), taken "
+        "from its syntax tree as vLLM takes them (`jinja2.meta.find_undeclared_variables`). "
+        "Never accepted, whatever the template reads, are the names that change what the "
+        "server does rather than what the template prints: `chat_template` (see "
+        "`allow_request_chat_template`), `tokenize` (vLLM GHSA-69j4-grxj-j64p), "
+        "`conversation`, `messages`, `tools`, `documents` (use the top-level fields), the "
+        "tokenizer arguments of `apply_chat_template` (`padding`, `truncation`, `max_length`, "
+        "`return_tensors`, `return_dict`, `return_assistant_tokens_mask`, "
+        "`tokenizer_kwargs`, `processor_kwargs`, `mm_processor_kwargs`), the special tokens "
+        "(`bos_token`, `eos_token`, ...) and the functions and Jinja globals templates call "
+        "(`raise_exception`, `strftime_now`, `range`, `namespace`, ...).",
+    )
+    max_chat_template_kwargs_bytes: PosInt = Field(
+        default=16_384,
+        description="Most bytes of all `chat_template_kwargs` values together, weighed as "
+        "indent-4 JSON as the prompt count weighs them (`chat_template_kwarg_not_allowed` "
+        "beyond): strings, numbers, and the lists and objects some templates read "
+        "(`builtin_tools`, `controls`). Their text counts in the prompt's tokens too.",
     )
     chat_template: RequestTemplateLimits = Field(
         default_factory=lambda: RequestTemplateLimits(),
@@ -171,9 +200,10 @@ class TemplatesPolicy(Section):
     @field_validator("chat_template_kwargs_allowlist")
     @classmethod
     def _no_dangerous_kwargs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in ("tokenize", "chat_template"):
-            if name in value:
-                raise ValueError(f"{name!r} may not be allowlisted")
+        for name in value:
+            reason = RESERVED_TEMPLATE_KWARGS.get(name)
+            if reason is not None:
+                raise ValueError(f"{name[:64]!r} may not be allowlisted: {reason}")
         return value
 
 
@@ -213,26 +243,35 @@ class TokensPolicy(Section):
         "template whether it loops over message content (`openai`: parts stay dicts, extra "
         "keys included) or not (`string`: texts joined with newlines).",
     )
-    max_prompt_tokens: PosInt = Field(
-        default=2048,
-        description="Most prompt tokens in one request (the seed's cap), summed over its "
-        "sequences: messages' text, prompt strings and token ids, tool definitions and calls, "
-        "template text, media token estimates.",
+    max_prompt_tokens: PosInt | None = Field(
+        default=None,
+        description="Most prompt tokens in one request, summed over its sequences: messages' "
+        "text, prompt strings and token ids, tool definitions and calls, template text, media "
+        "token estimates. `null` (default): no cap below the context window (each prompt plus "
+        "its output must fit `context_length`), as the upstream itself allows. The `seed` "
+        "preset sets 2048 (the seed's cap).",
     )
-    max_output_tokens: PosInt = Field(
-        default=2048,
+    max_output_tokens: PosInt | None = Field(
+        default=None,
         description="Largest `max_tokens` / `max_completion_tokens` (and llama.cpp's "
-        "`n_predict`, TGI's `max_new_tokens`, the responses API's `max_output_tokens`).",
+        "`n_predict`, TGI's `max_new_tokens`, the responses API's `max_output_tokens`). `null` "
+        "(default): what the context window allows (`context_length` minus one prompt token; "
+        "the prompt plus the cap must fit too), as vLLM allows. The `seed` preset: 2048.",
     )
-    default_max_tokens: PosInt = Field(
-        default=256,
-        description="Injected as `max_tokens` when a generation request sets none, so every "
-        "forwarded request has a bounded output (the reference scheduler's chat default).",
+    default_max_tokens: PosInt | None = Field(
+        default=None,
+        description="Injected as `max_tokens` when a generation request sets no output cap. "
+        "`null` (default): nothing is injected and the request is forwarded unchanged: the "
+        "upstream generates at most to the end of its window (vLLM's own default), and the "
+        "token rate limiter reserves that remainder (`context_length` minus the prompt, per "
+        "sequence; at most the key's token bucket), reconciled from the upstream's `usage`. "
+        "The `seed` preset: 256 (the reference scheduler's chat default).",
     )
     over_max_output: Literal["reject", "clamp"] = Field(
         default="reject",
-        description="A requested output cap above `max_output_tokens`: `reject` "
-        "(`max_tokens_exceeded`) or `clamp` it to `max_output_tokens`.",
+        description="A requested output cap above the largest allowed (`max_output_tokens`, "
+        "else what the context window allows): `reject` (`max_tokens_exceeded`) or `clamp` it "
+        "to that cap (a mutation).",
     )
     context_length: PosInt | None = Field(
         default=DEFAULT_CONTEXT_LENGTH,
@@ -318,40 +357,72 @@ class TokensPolicy(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TokensPolicy:
-        if self.default_max_tokens > self.max_output_tokens:
+        default, most = self.default_max_tokens, self.max_output_tokens
+        if default is not None and most is not None and default > most:
             raise ValueError("default_max_tokens must be <= max_output_tokens")
-        if self.context_length is not None and self.default_max_tokens >= self.context_length:
+        window = self.context_length
+        if default is not None and window is not None and default >= window:
             raise ValueError("default_max_tokens must be < context_length")
         return self
+
+    @property
+    def output_limit(self) -> int | None:
+        """The largest output cap a request may set: ``max_output_tokens``, else what the
+        context window leaves beside one prompt token; None when neither bounds it. (A cap
+        within it that does not fit beside the prompt is ``context_length_exceeded``.)"""
+        if self.max_output_tokens is not None:
+            return self.max_output_tokens
+        return None if self.context_length is None else self.context_length - 1
+
+    @property
+    def prompt_limit(self) -> int | None:
+        """The most tokens one prompt may have: ``max_prompt_tokens``, else the context
+        window; None when neither bounds it."""
+        if self.max_prompt_tokens is not None:
+            return self.max_prompt_tokens
+        return self.context_length
 
 
 class FanoutPolicy(Section):
     max_n: PosInt = Field(
-        default=16,
-        description="Largest `n` (choices per prompt). vLLM allows 16384; OpenAI 128; each "
-        "choice also reserves `max_tokens` of output against the token rate.",
+        default=128,
+        description="Largest `n` (choices per prompt): OpenAI's limit, 128 (vLLM has none). "
+        "Each choice also reserves its output against the token rate. The `seed` preset: 16.",
     )
-    max_best_of: PosInt = Field(default=2, description="Largest `best_of` (TGI's default: 2).")
+    max_best_of: PosInt = Field(
+        default=20,
+        description="Largest `best_of`: OpenAI's completions limit, 20 (TGI's default is 2; "
+        "vLLM 0.32 ignores it). The `seed` preset: 2.",
+    )
     max_logprobs: NonNegInt = Field(
-        default=5,
-        description="Largest completions `logprobs` (OpenAI's limit: 5). Negative values "
-        "(vLLM: the whole vocabulary) are refused.",
+        default=20,
+        description="Largest completions `logprobs`: vLLM's default `--max-logprobs`, 20 "
+        "(OpenAI's legacy completions allow 5). Negative values (vLLM: the whole vocabulary) "
+        "are refused. The `seed` preset: 5.",
     )
     max_top_logprobs: NonNegInt = Field(
-        default=5, description="Largest `top_logprobs` / TGI `top_n_tokens` (TGI's default: 5)."
+        default=20,
+        description="Largest `top_logprobs` / TGI `top_n_tokens`: OpenAI's chat limit and "
+        "vLLM's default `--max-logprobs`, 20. The `seed` preset: 5.",
     )
     max_prompt_logprobs: NonNegInt = Field(
-        default=5,
+        default=20,
         description="Largest vLLM `prompt_logprobs` (a score per prompt token per "
-        "alternative); -1 (the whole vocabulary) is refused.",
+        "alternative): vLLM's default `--max-logprobs`, 20; -1 (the whole vocabulary) is "
+        "refused. The `seed` preset: 5.",
     )
     max_prompts: PosInt = Field(
         default=64,
-        description="Most prompts in a list-valued `prompt` or embeddings `input` (each is a "
-        "sequence; vLLM GHSA-3mwp-wvh9-7528). In front of llama-cpp-python "
-        "(`upstream.kind: llama_cpp`, set or detected) a completions `prompt` list is held to "
-        'one whatever this says: its /v1/completions asserts it (`prompt: ["a", "b"]` is an '
-        "empty 500), `prompts_exceeded` is the 400 instead.",
+        description="Most prompts in a list-valued completions `prompt` (each is a sequence "
+        "of up to the context window; vLLM GHSA-3mwp-wvh9-7528). In front of "
+        "llama-cpp-python (`upstream.kind: llama_cpp`, set or detected) a completions `prompt` "
+        "list is held to one whatever this says: its /v1/completions asserts it "
+        '(`prompt: ["a", "b"]` is an empty 500), `prompts_exceeded` is the 400 instead.',
+    )
+    max_embedding_inputs: PosInt = Field(
+        default=2048,
+        description="Most inputs in a list-valued embeddings `input`: OpenAI's limit, 2048 "
+        "(client libraries batch up to it: LangChain sends 1000). The `seed` preset: 64.",
     )
     max_stop_sequences: PosInt = Field(
         default=4,
@@ -375,9 +446,15 @@ class FanoutPolicy(Section):
         description="Most `bad_words` (each is tokenized twice and checked on every token; "
         "vLLM's `VLLM_MAX_NUM_BAD_WORDS`: 128).",
     )
-    max_messages: PosInt = Field(default=512, description="Most chat messages in one request.")
+    max_messages: PosInt = Field(
+        default=2048,
+        description="Most chat messages in one request (long agent sessions reach hundreds; "
+        "the prompt's tokens bound the rest). The `seed` preset: 512.",
+    )
     max_content_parts: PosInt = Field(
-        default=256, description="Most content parts over all messages of one request."
+        default=4096,
+        description="Most content parts over all messages of one request (some clients send "
+        "every message's content as a list of parts). The `seed` preset: 256.",
     )
 
 
@@ -762,6 +839,15 @@ class AdminPolicy(Section):
 class Policy(Section):
     """The guard's whole configuration. Build it with :func:`guard.policy.load_policy`."""
 
+    preset: PresetName = Field(
+        default="default",
+        description="A named set of values beneath the policy's own (a field set here or by "
+        "a `SCHEDGUARD_*` variable wins over the preset's). `default`: limits sized for "
+        "ordinary OpenAI traffic in front of a real server (the prompt and output bounded by "
+        "the upstream's context window, the published API limits). `seed`: the seed's "
+        "numbers (docs/SEED.md), for the tight budgets of the original patch in front of a "
+        "small model: " + preset_summary("seed") + ".",
+    )
     upstream: UpstreamConfig = Field(
         default_factory=lambda: UpstreamConfig(), description="The server behind the guard."
     )
@@ -795,6 +881,12 @@ class Policy(Section):
         description="Health and metrics: a separate admin listener, or who may scrape "
         "`/metrics` on the public port (closed to others once keys exist).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_values(cls, data: Any) -> Any:
+        """The preset's values beneath the policy's own."""
+        return apply_preset(data) if isinstance(data, dict) else data
 
     @field_validator("routes")
     @classmethod

@@ -1,6 +1,6 @@
 """End to end: the real ``openai`` client through the guard to the reference scheduler (a child
 process ``schedguard ref --profile hardened`` under a memory cap), plain and streaming; and
-``schedguard serve`` out of the box (its embedded upstream started and stopped with it)."""
+``schedguard serve --embedded-reference`` (its embedded upstream started and stopped with it)."""
 
 from __future__ import annotations
 
@@ -124,10 +124,12 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> No
     raise AssertionError("schedguard serve did not become ready")
 
 
-def test_schedguard_serve_works_out_of_the_box_and_stops_its_upstream() -> None:
+def test_schedguard_serve_embedded_reference_starts_and_stops_its_upstream() -> None:
     port = free_port("127.0.0.1")
     proc = subprocess.Popen(
-        schedguard_argv("serve", "--port", str(port), "--log-level", "warning"),
+        schedguard_argv(
+            "serve", "--embedded-reference", "--port", str(port), "--log-level", "warning"
+        ),
         env={k: v for k, v in os.environ.items() if not k.startswith(("SCHEDGUARD_", "OTEL_"))},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from guard.app import create_app
-from guard.policy import load_policy
+from guard.policy import PolicyError, key_digest, load_policy
 from tests._support import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "docs" / "deploy"
@@ -225,12 +225,32 @@ def test_kubernetes_sidecar(tmp_path: Path) -> None:
     assert not sc["allowPrivilegeEscalation"]
     port_name = guard["ports"][0]["name"]
     assert kinds["Service"]["spec"]["ports"][0]["targetPort"] == port_name
+    # Valid but for the key's placeholder, which refuses to start until it is replaced.
+    text = kinds["ConfigMap"]["data"]["policy.yaml"]
     policy = tmp_path / "policy.yaml"
-    policy.write_text(kinds["ConfigMap"]["data"]["policy.yaml"])
-    load_policy(str(policy), {})  # valid, or PolicyError naming the field
+    policy.write_text(text)
+    with pytest.raises(PolicyError) as info:
+        load_policy(str(policy), {})
+    assert info.value.problems == ["keys[0].key_sha256: must be 64 hexadecimal digits"]
+    policy.write_text(text.replace(PLACEHOLDER, key_digest("a-key-made-at-deploy-time")))
+    assert load_policy(str(policy), {}).keys[0].tenant == "team-a"
+
+
+PLACEHOLDER = "REPLACE-with-the-digest-from-schedguard-policy-key"
 
 
 def test_example_policy_is_valid() -> None:
     policy = load_policy(str(DEPLOY / "policy.yaml"), {})
-    assert policy.limits.tokens.context_length == 8192
-    assert all(k.key is None for k in policy.keys)  # digests only, no secrets
+    # The window comes from the upstream; no key is shipped (they are made at deploy time).
+    assert policy.limits.tokens.context_length_from == "upstream"
+    assert policy.keys == ()
+
+
+def test_no_example_ships_a_key_digest() -> None:
+    # A digest in an example is a key someone knows (the digests of "test" were shipped once):
+    # no 64-hex-digit string anywhere in docs/ or the deploy files.
+    digest = re.compile(r"(?<![0-9a-fA-F])[0-9a-fA-F]{64}(?![0-9a-fA-F])")
+    for path in sorted(REPO_ROOT.joinpath("docs").rglob("*")):
+        if path.is_file() and path.suffix in (".md", ".yaml", ".yml", ".json"):
+            found = digest.findall(path.read_text(encoding="utf-8"))
+            assert not found, f"{path.relative_to(REPO_ROOT)}: {found[0]}"

@@ -175,3 +175,55 @@ def test_every_extra_named_exists() -> None:
     assert missing_extra(ModuleNotFoundError(name="locust")) == (
         "needs locust, which is not installed: pip install 'schedguard[load]'"
     )
+
+
+def _clear_schedguard_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.upper().startswith("SCHEDGUARD_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "meant"),
+    [
+        ("SCHEDGUARD_UPSTREAM_URL", "http://127.0.0.1:9", "SCHEDGUARD_UPSTREAM__URL"),
+        ("SCHEDGUARD_LIMITS_FANOUT_MAX_N", "4", "SCHEDGUARD_LIMITS__FANOUT__MAX_N"),
+        (
+            "SCHEDGUARD_LIMITS__TOKENS__MAX_PROMT_TOKENS",
+            "4096",
+            "SCHEDGUARD_LIMITS__TOKENS__MAX_PROMPT_TOKENS",
+        ),
+        ("SCHEDGUARD_PRESETS", "seed", "SCHEDGUARD_PRESET"),
+    ],
+)
+@pytest.mark.parametrize(
+    "command", [["serve", "--upstream", "http://127.0.0.1:9"], ["policy", "show"]]
+)
+def test_an_unknown_variable_exits_2_naming_the_right_one(
+    variable: str,
+    value: str,
+    meant: str,
+    command: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _clear_schedguard_env(monkeypatch)
+    monkeypatch.setenv(variable, value)
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert f"{variable}: not a variable schedguard reads" in err
+    assert f"did you mean {meant}?" in err
+
+
+def test_serve_without_an_upstream_exits_2_unless_the_reference_is_asked_for(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _clear_schedguard_env(monkeypatch)
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("schedguard serve: no upstream: pass --upstream URL")
+    assert "--embedded-reference" in err
+    assert main(["serve", "--embedded-reference", "--upstream", "http://127.0.0.1:9"]) == 2
+    assert "exclude each other" in capsys.readouterr().err

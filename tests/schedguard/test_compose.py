@@ -118,7 +118,7 @@ def served_paths(argv: list[str]) -> set[str]:
 
 @pytest.mark.parametrize("profile", [None, *PROFILES])
 def test_every_schedguard_command_parses(profile: str | None) -> None:
-    env = {"SCHEDGUARD_UPSTREAM_URL": "http://vllm:8000"} if profile else {}
+    env = {"SCHEDGUARD_UPSTREAM__URL": "http://vllm:8000"} if profile else {}
     services = active(load(env), profile)
     parser = build_parser()
     ran = 0
@@ -152,7 +152,7 @@ def test_default_needs_nothing_from_outside() -> None:
 
 @pytest.mark.parametrize("profile", [None, *PROFILES])
 def test_ports_and_health_checks_agree(profile: str | None) -> None:
-    env = {"SCHEDGUARD_UPSTREAM_URL": "http://vllm:8000"} if profile else {}
+    env = {"SCHEDGUARD_UPSTREAM__URL": "http://vllm:8000"} if profile else {}
     compose = load(env)
     services = active(compose, profile)
     for name, svc in services.items():
@@ -243,7 +243,7 @@ def test_guard_keeps_its_hardening() -> None:
 
 def test_readme_documents_the_profiles() -> None:
     text = (DEPLOY / "README.md").read_text()
-    for needed in ("--profile vllm", "vllm-cpu", "VLLM_MODEL_DIR", "SCHEDGUARD_UPSTREAM_URL"):
+    for needed in ("--profile vllm", "vllm-cpu", "VLLM_MODEL_DIR", "SCHEDGUARD_UPSTREAM__URL"):
         assert needed in text, needed
 
 

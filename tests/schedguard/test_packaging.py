@@ -355,11 +355,11 @@ def _serve_until(
 
 
 def test_ref_and_serve_run(env: Env, started: list[subprocess.Popen[bytes]]) -> None:
-    """``ref`` answers /health; ``serve`` without an upstream starts the embedded reference
+    """``ref`` answers /health; ``serve --embedded-reference`` starts the embedded reference
     scheduler and is ready; SIGTERM stops both cleanly."""
     ref_port, guard_port = free_port(), free_port()
     _serve_until(env, started, ["ref"], ref_port, "/health")
-    guard = _serve_until(env, started, ["serve"], guard_port, "/readyz")
+    guard = _serve_until(env, started, ["serve", "--embedded-reference"], guard_port, "/readyz")
     guard.send_signal(signal.SIGTERM)
     assert guard.wait(timeout=20) in (0, 128 + signal.SIGTERM)
 

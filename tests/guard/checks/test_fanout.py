@@ -13,6 +13,7 @@ from guard.request_view import RequestView
 
 P = default_policy()
 F = P.limits.fanout
+SEED = policy_from_yaml("preset: seed")
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]
@@ -75,9 +76,22 @@ def test_negative_logprobs_mean_the_whole_vocabulary(field: str) -> None:
 @pytest.mark.parametrize("value", ["1000000", 1e6, 16.5, "1e6", True])
 def test_values_are_read_as_upstreams_coerce_them(value: Any) -> None:
     # vLLM's pydantic coerces "1000000" and 1e6 to ints; llama.cpp truncates floats. 16.5 is
-    # read as 17 (away from zero), a conservative reading for a cap; True is 1.
+    # read as 17 (away from zero: over the seed's 16), a conservative reading for a cap; True
+    # is 1.
     expected = None if value is True else "n_exceeded"
-    assert code(chat(n=value)) == expected
+    assert code(chat(n=value), policy=SEED) == expected
+    assert code(chat(n=F.max_n + 0.5)) == "n_exceeded"
+
+
+def test_published_api_limits_pass() -> None:
+    # OpenAI's chat top_logprobs (20), n (128), best_of (20), logit_bias (300): the defaults.
+    assert code(chat(logprobs=True, top_logprobs=20)) is None
+    assert code(chat(logprobs=True, top_logprobs=21)) == "top_logprobs_exceeded"
+    assert code(chat(n=128)) is None
+    assert code(completion(best_of=20, n=20), COMPLETIONS) is None
+    assert code(chat(logit_bias={str(i): 1 for i in range(300)})) is None
+    # The seed preset keeps the seed's numbers.
+    assert code(chat(logprobs=True, top_logprobs=6), policy=SEED) == "top_logprobs_exceeded"
 
 
 def test_unreadable_values_are_left_to_the_schema_check() -> None:
@@ -91,7 +105,10 @@ def test_list_valued_prompt() -> None:
     assert code(completion(prompt=[1] * 1000), COMPLETIONS) is None
     many = [[1, 2]] * (F.max_prompts + 1)
     assert code(completion(prompt=many), COMPLETIONS) == "prompts_exceeded"
-    body = {"model": "m", "input": ["x"] * (F.max_prompts + 1)}
+    # Embeddings inputs have their own cap: OpenAI's 2048.
+    body = {"model": "m", "input": ["x"] * F.max_embedding_inputs}
+    assert code(body, "/v1/embeddings") is None
+    body = {"model": "m", "input": ["x"] * (F.max_embedding_inputs + 1)}
     assert code(body, "/v1/embeddings") == "prompts_exceeded"
 
 
@@ -100,14 +117,23 @@ def test_min_tokens_against_max_tokens() -> None:
     assert code(chat(min_tokens=11, max_tokens=10)) == "min_tokens_exceeds_max_tokens"
     # max_completion_tokens counts as the cap too (the larger of the two is the one read).
     assert code(chat(min_tokens=50, max_completion_tokens=100)) is None
-    # Without a cap, the default that will be injected is the cap.
-    default = P.limits.tokens.default_max_tokens
-    assert code(chat(min_tokens=default)) is None
-    assert code(chat(min_tokens=default + 1)) == "min_tokens_exceeds_max_tokens"
+    # Without a cap, the default that will be injected is the cap (the seed preset injects
+    # one); without a default, what the context window leaves.
+    default = SEED.limits.tokens.default_max_tokens
+    assert default is not None
+    assert code(chat(min_tokens=default), policy=SEED) is None
+    assert code(chat(min_tokens=default + 1), policy=SEED) == "min_tokens_exceeds_max_tokens"
+    window = P.limits.tokens.context_length
+    assert window is not None
+    assert code(chat(min_tokens=window - 1)) is None
+    assert code(chat(min_tokens=window)) == "min_tokens_exceeds_max_tokens"
     # A cap above the policy's is clamped (or refused by the tokens check): min_tokens is
     # compared with what can actually be generated.
-    too_many = P.limits.tokens.max_output_tokens + 1
-    assert code(chat(min_tokens=too_many, max_tokens=10**9)) == "min_tokens_exceeds_max_tokens"
+    most = SEED.limits.tokens.max_output_tokens
+    assert most is not None
+    too_many = most + 1
+    result = code(chat(min_tokens=too_many, max_tokens=10**9), policy=SEED)
+    assert result == "min_tokens_exceeds_max_tokens"
 
 
 def test_stop_sequences() -> None:

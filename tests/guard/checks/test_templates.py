@@ -241,8 +241,19 @@ def test_hostile_chat_templates_are_refused_when_allowed(template: str, codes: s
 
 
 def test_rendered_prompt_is_capped_in_tokens() -> None:
-    long = [{"role": "user", "content": "word " * 3000}]
+    # Without a prompt cap, the context window bounds the render.
+    window = ALLOW.limits.tokens.context_length
+    assert window is not None
+    long = [{"role": "user", "content": "word " * (window + 100)}]
     err = rejection({"messages": long, "chat_template": CHATML}, ALLOW)
+    assert err.code == "context_length_exceeded"
+    fits = [{"role": "user", "content": "word " * (window // 2)}]
+    assert passes({"messages": fits, "chat_template": CHATML}, ALLOW)
+    # With one (the seed preset's 2048), the cap.
+    seeded = policy_from_yaml(
+        "{preset: seed, limits: {templates: {allow_request_chat_template: true}}}"
+    )
+    err = rejection({"messages": fits, "chat_template": CHATML}, seeded)
     assert err.code == "prompt_tokens_exceeded"
 
 

@@ -14,11 +14,14 @@ from guard.request_view import RequestView
 from guard.tokens import get_counter
 from tests._support import peak_allocated
 
-P = default_policy()
+# The cap machinery is exercised with the seed's numbers (a 2048-token prompt cap, outputs of
+# 2048 with 256 injected); the default policy's window-derived limits have their own section.
+P = policy_from_yaml("preset: seed")
 T = P.limits.tokens
-EXACT = policy_from_yaml("limits: {tokens: {exact_costs: true}}")
-CLAMP = policy_from_yaml("limits: {tokens: {over_max_output: clamp}}")
-NO_CONTEXT = policy_from_yaml("limits: {tokens: {context_length: null}}")
+EXACT = policy_from_yaml("{preset: seed, limits: {tokens: {exact_costs: true}}}")
+CLAMP = policy_from_yaml("{preset: seed, limits: {tokens: {over_max_output: clamp}}}")
+NO_CONTEXT = policy_from_yaml("{preset: seed, limits: {tokens: {context_length: null}}}")
+DEFAULT = default_policy()
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 COUNTER = get_counter(T.tokenizer)
@@ -70,12 +73,17 @@ def test_no_injection_when_a_cap_is_set() -> None:
     result = run(chat("hi", max_tokens=10))
     assert result.rejection is None and result.mutations == ()
     assert result.costs["output_tokens"] == 10
-    # Another field alone: max_tokens gets the same cap (llama-cpp-python reads only that one
-    # and generates to the end of its context without it).
+    # Another field alone: in front of llama-cpp-python, which reads max_tokens only and
+    # generates to the end of its context without it, max_tokens gets the same cap; vLLM and
+    # others read the field themselves, so the request goes as it is.
+    llama_cpp = policy_from_yaml("{preset: seed, upstream: {kind: llama_cpp}}")
     for field in ("max_completion_tokens", "n_predict", "max_new_tokens"):
-        result = run(chat("hi", **{field: 10}))
+        result = run(chat("hi", **{field: 10}), policy=llama_cpp)
         assert result.rejection is None, field
         assert result.mutations == (Mutation(("max_tokens",), 10, "max_tokens_missing"),), field
+        assert result.costs["output_tokens"] == 10
+        result = run(chat("hi", **{field: 10}))
+        assert result.rejection is None and result.mutations == (), field
         assert result.costs["output_tokens"] == 10
 
 
@@ -291,8 +299,15 @@ def test_context_length_at_and_over() -> None:
     assert err.code == "context_length_exceeded"
     # A smaller output cap makes room.
     assert run(chat(text_of_tokens(600), max_tokens=300), policy=policy).rejection is None
-    # The injected default counts too.
-    assert rejection(chat(text_of_tokens(800)), policy=policy).code == "context_length_exceeded"
+    # The injected default counts too (the seed preset injects 256).
+    seeded = policy_from_yaml(
+        "{preset: seed, limits: {tokens: {context_length: 1000, max_output_tokens: 500}}}"
+    )
+    assert rejection(chat(text_of_tokens(800)), policy=seeded).code == "context_length_exceeded"
+    # Without a default, a request without a cap needs one output token beside its prompt.
+    assert run(chat(text_of_tokens(999 - CHAT_COUNTED)), policy=policy).rejection is None
+    err = rejection(chat(text_of_tokens(1000 - CHAT_COUNTED)), policy=policy)
+    assert err.code == "context_length_exceeded"
 
 
 def test_context_length_applies_per_prompt() -> None:
@@ -390,3 +405,66 @@ def test_many_messages_are_refused_from_one_bound_before_any_is_measured(
     err = rejection(body, policy=EXACT)
     assert err.code == "prompt_tokens_exceeded" and err.param == "messages[17].content"
     assert measured
+
+
+# -- the default policy: limits from the context window ---------------------------------------
+
+WINDOW = 32_768
+AT_32K = DEFAULT.with_upstream_context(WINDOW)
+
+
+def test_defaults_have_no_cap_below_the_window() -> None:
+    tokens = DEFAULT.limits.tokens
+    assert tokens.max_prompt_tokens is None
+    assert tokens.max_output_tokens is None
+    assert tokens.default_max_tokens is None
+    assert AT_32K.limits.tokens.output_limit == WINDOW - 1
+    assert AT_32K.limits.tokens.prompt_limit == WINDOW
+
+
+def test_a_request_without_a_cap_goes_unchanged_and_reserves_the_window() -> None:
+    body = chat(text_of_tokens(3000))
+    result = run(body, policy=AT_32K)
+    assert result.rejection is None
+    assert result.mutations == ()
+    prompt = result.costs["prompt_tokens"]
+    assert result.costs["output_tokens"] == 0
+    assert result.costs["output_tokens_implicit"] == 1
+    assert result.costs["output_tokens_reserved"] == WINDOW - prompt
+    assert result.costs["tokens_reserved"] == WINDOW
+    # n sequences share the prompt and each may run to the end of the window.
+    result = run(chat(text_of_tokens(3000), n=3), policy=AT_32K)
+    prompt = result.costs["prompt_tokens"]
+    assert result.costs["tokens_reserved"] == prompt + 3 * (WINDOW - prompt)
+    # Each prompt of a list leaves its own remainder (counted exactly here; by default a
+    # prompt whose bytes prove it fits is weighed by its bytes, a larger count).
+    exact = policy_from_yaml("limits: {tokens: {exact_costs: true}}").with_upstream_context(WINDOW)
+    body = {"model": "m", "prompt": [text_of_tokens(100), text_of_tokens(2000)]}
+    result = run(body, COMPLETIONS, exact)
+    assert result.rejection is None and result.mutations == ()
+    assert result.costs["output_tokens_reserved"] == (WINDOW - 100 - SPECIALS) + (
+        WINDOW - 2000 - SPECIALS
+    )
+
+
+def test_a_conversation_near_the_window_is_admitted_and_one_over_it_refused() -> None:
+    near = chat(text_of_tokens(WINDOW - 1 - CHAT_COUNTED))
+    result = run(near, policy=AT_32K)
+    assert result.rejection is None, result.rejection
+    assert result.costs["prompt_tokens"] == WINDOW - 1
+    over = chat(text_of_tokens(WINDOW - CHAT_COUNTED))
+    assert rejection(over, policy=AT_32K).code == "context_length_exceeded"
+    # With a cap, prompt plus cap must fit.
+    fits = chat(text_of_tokens(WINDOW - 1000 - CHAT_COUNTED), max_tokens=1000)
+    assert run(fits, policy=AT_32K).rejection is None
+    too_much = chat(text_of_tokens(WINDOW - 1000 - CHAT_COUNTED + 1), max_tokens=1000)
+    assert rejection(too_much, policy=AT_32K).code == "context_length_exceeded"
+
+
+def test_an_output_cap_is_bounded_by_the_window_alone() -> None:
+    assert run(chat("hi", max_tokens=WINDOW - 100), policy=AT_32K).rejection is None
+    err = rejection(chat("hi", max_tokens=WINDOW), policy=AT_32K)
+    assert err.code == "max_tokens_exceeded"
+    assert f"the context window is {WINDOW} tokens" in err.message
+    assert rejection(chat("hi", max_tokens=0), policy=AT_32K).code == "max_tokens_exceeded"
+    assert rejection(chat("hi", max_tokens=-1), policy=AT_32K).code == "max_tokens_exceeded"

@@ -82,21 +82,34 @@ def test_json_nested_inside_tool_call_arguments() -> None:
 )
 def test_an_output_cap_of_zero_or_less_is_unlimited(body: dict[str, Any], path: str) -> None:
     assert _verdict(body, path) == (400, "max_tokens_exceeded")
-    clamp = policy_from_yaml("limits:\n  tokens:\n    over_max_output: clamp\n")
+    (field,) = body.keys() - {"model", "prompt"}
+    # Clamped to max_output_tokens (the seed preset's 2048) ...
+    clamp = policy_from_yaml("{preset: seed, limits: {tokens: {over_max_output: clamp}}}")
     v = evaluate_body(json.dumps(body).encode(), path, {}, clamp)
     assert v.allowed
-    (field,) = body.keys() - {"model", "prompt"}
     assert {m.path: m.value for m in v.mutations}[(field,)] == 2048
+    # ... or, without one, to what the context window leaves beside the prompt.
+    clamp = policy_from_yaml("limits: {tokens: {over_max_output: clamp}}")
+    v = evaluate_body(json.dumps(body).encode(), path, {}, clamp)
+    assert v.allowed, v.rejection
+    window = clamp.limits.tokens.context_length
+    assert window is not None
+    assert {m.path: m.value for m in v.mutations}[(field,)] == window - v.costs["prompt_tokens"]
 
 
 def test_max_tokens_is_set_when_another_field_caps_the_output() -> None:
+    # llama-cpp-python reads max_tokens only: the cap another field sets is copied there.
+    llama_cpp = policy_from_yaml("upstream: {kind: llama_cpp}")
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    v = evaluate_body(json.dumps({**body, "max_completion_tokens": 10}).encode(), CHAT, {}, P)
+    raw = json.dumps({**body, "max_completion_tokens": 10}).encode()
+    v = evaluate_body(raw, CHAT, {}, llama_cpp)
     assert v.allowed and {m.path: m.value for m in v.mutations}[("max_tokens",)] == 10
-    v = evaluate_body(
-        json.dumps({"model": "m", "prompt": "x", "n_predict": 9}).encode(), COMP, {}, P
-    )
+    raw = json.dumps({"model": "m", "prompt": "x", "n_predict": 9}).encode()
+    v = evaluate_body(raw, COMP, {}, llama_cpp)
     assert v.allowed and {m.path: m.value for m in v.mutations}[("max_tokens",)] == 9
+    # vLLM reads max_completion_tokens itself: the request goes unchanged.
+    v = evaluate_body(json.dumps({**body, "max_completion_tokens": 10}).encode(), CHAT, {}, P)
+    assert v.allowed and v.mutations == ()
 
 
 def test_prompt_lists_for_llama_cpp_python() -> None:

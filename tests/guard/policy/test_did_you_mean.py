@@ -41,8 +41,8 @@ def test_env_override_names_the_variable_and_the_closest_field() -> None:
     with pytest.raises(PolicyError) as info:
         load_policy(None, {var: "5"})
     assert info.value.problems == [
-        f"limits.tokens.max_promt_tokens: unknown field (from {var}); "
-        "did you mean max_prompt_tokens?"
+        f"{var}: not a variable schedguard reads (policy overrides are SCHEDGUARD_ + the "
+        "field's path joined by __); did you mean SCHEDGUARD_LIMITS__TOKENS__MAX_PROMPT_TOKENS?"
     ]
 
 

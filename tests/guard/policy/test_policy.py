@@ -43,12 +43,19 @@ def problems(text: str = "", env: dict[str, str] | None = None) -> list[str]:
 def test_defaults_are_the_documented_ones() -> None:
     p = load_policy(None, env={})
     assert p == default_policy()
-    assert p.limits.tokens.max_prompt_tokens == 2048
+    # Prompt and output bounded by the context window only; nothing injected.
+    assert p.preset == "default"
+    assert p.limits.tokens.max_prompt_tokens is None
+    assert p.limits.tokens.max_output_tokens is None
+    assert p.limits.tokens.default_max_tokens is None
     assert p.limits.templates.max_depth == 8
     assert p.limits.templates.allow_request_chat_template is False
     assert "tokenize" not in p.limits.templates.chat_template_kwargs_allowlist
-    assert p.limits.fanout.max_best_of == 2
-    assert p.limits.fanout.max_top_logprobs == 5
+    assert "tools_in_user_message" in p.limits.templates.chat_template_kwargs_allowlist
+    # Published API limits (OpenAI's).
+    assert p.limits.fanout.max_best_of == 20
+    assert p.limits.fanout.max_top_logprobs == 20
+    assert p.limits.fanout.max_n == 128
     assert p.limits.schema_.unknown_fields == "allow"
     assert p.keys == ()
     assert p.routes == ()
@@ -194,7 +201,7 @@ def test_message_lists_every_problem() -> None:
             "limits.tokens: default_max_tokens must be <= max_output_tokens",
         ),
         (
-            "limits: {tokens: {context_length: 256}}",
+            "{preset: seed, limits: {tokens: {context_length: 256}}}",
             "limits.tokens: default_max_tokens must be < context_length",
         ),
         ("keys: [{tenant: a}]", "keys[0]: set exactly one of key and key_sha256"),
@@ -262,19 +269,49 @@ def test_env_errors_name_the_variable() -> None:
     assert found == [
         "limits.tokens.max_prompt_tokens: must be > 0 (from SCHEDGUARD_LIMITS__TOKENS__MAX_PROMPT_TOKENS)"
     ]
-    found = problems("", {"SCHEDGUARD_LIMITS__TOKENS__MAX_PROMT_TOKENS": "5"})
-    assert found[0].startswith("limits.tokens.max_promt_tokens: unknown field (from SCHEDGUARD_")
-    found = problems("", {"SCHEDGUARD_LIMITZ__TOKENS": "5"})
-    assert found[0].startswith("limitz: unknown field")
+    # A name that is no field's is refused before anything is read, with the closest valid
+    # variable: by its spelling with other underscores first, else by edit distance.
+    unknown = "not a variable schedguard reads"
+    for given, meant in (
+        (
+            "SCHEDGUARD_LIMITS__TOKENS__MAX_PROMT_TOKENS",
+            "SCHEDGUARD_LIMITS__TOKENS__MAX_PROMPT_TOKENS",
+        ),
+        ("SCHEDGUARD_LIMITZ__TOKENS", "SCHEDGUARD_LIMITS__TOKENS"),
+        ("SCHEDGUARD_UPSTREAM_URL", "SCHEDGUARD_UPSTREAM__URL"),
+        ("SCHEDGUARD_LIMITS_FANOUT_MAX_N", "SCHEDGUARD_LIMITS__FANOUT__MAX_N"),
+        ("schedguard_upstream_url", "SCHEDGUARD_UPSTREAM__URL"),
+        ("SCHEDGUARD_POLICY_FILE", "SCHEDGUARD_POLICY"),
+    ):
+        found = problems("", {given: "5"})
+        assert found == [
+            f"{given}: {unknown} (policy overrides are SCHEDGUARD_ + the field's "
+            f"path joined by __); did you mean {meant}?"
+        ], found
+    # Every unknown name at once, and nothing close: no suggestion.
+    found = problems("", {"SCHEDGUARD_A": "1", "SCHEDGUARD_ZZZZZZZZZZZZZ": "2"})
+    assert len(found) == 2 and all("did you mean" not in line for line in found)
 
 
 def test_env_path_through_a_scalar_is_an_error() -> None:
+    # routes is a list: no field below it, so no variable either.
     found = problems("", {"SCHEDGUARD_ROUTES__X": "1"})
-    assert found == ["routes: must be a list (from SCHEDGUARD_ROUTES__X)"]
-    found = problems("routes: [/a]", {"SCHEDGUARD_ROUTES__X": "1"})
-    assert found[0].startswith("routes.x: cannot set from SCHEDGUARD_ROUTES__X")
+    assert found[0].startswith("SCHEDGUARD_ROUTES__X: not a variable schedguard reads")
     found = problems("", {"SCHEDGUARD_LIMITS____X": "1"})
-    assert "empty path segment" in found[0]
+    assert found[0].startswith("SCHEDGUARD_LIMITS____X: not a variable schedguard reads")
+    # A section set whole from a scalar is the section's type error.
+    found = problems("", {"SCHEDGUARD_LIMITS__TOKENS": "5"})
+    assert found == ["limits.tokens: must be a mapping (from SCHEDGUARD_LIMITS__TOKENS)"]
+
+
+def test_every_policy_field_has_a_variable() -> None:
+    from guard.policy import OTHER_VARIABLES, policy_variables
+
+    variables = policy_variables()
+    assert variables["SCHEDGUARD_UPSTREAM__URL"] == ("upstream", "url")
+    assert variables["SCHEDGUARD_LIMITS__JSON__MAX_DEPTH"] == ("limits", "json", "max_depth")
+    assert variables["SCHEDGUARD_PRESET"] == ("preset",)
+    assert not set(variables) & set(OTHER_VARIABLES)
 
 
 # -- keys and rates -----------------------------------------------------------------------------
@@ -365,8 +402,35 @@ def test_policy_to_yaml_can_reveal() -> None:
 
 def test_default_policy_yaml_round_trips() -> None:
     text = policy_to_yaml(default_policy())
-    assert "max_prompt_tokens: 2048" in text
+    assert "max_prompt_tokens: null" in text
     assert policy_from_yaml(text) == default_policy()
+    seed = policy_from_yaml("preset: seed")
+    text = policy_to_yaml(seed)
+    assert "preset: seed" in text and "max_prompt_tokens: 2048" in text
+    assert policy_from_yaml(text) == seed
+
+
+def test_a_preset_lies_beneath_the_policys_own_values() -> None:
+    seed = policy_from_yaml("preset: seed")
+    assert seed.limits.tokens.max_prompt_tokens == 2048
+    assert seed.limits.tokens.max_output_tokens == 2048
+    assert seed.limits.tokens.default_max_tokens == 256
+    assert seed.limits.fanout.max_top_logprobs == 5
+    assert seed.limits.fanout.max_n == 16
+    # A field the policy sets wins over the preset's, whether from the file or the
+    # environment; the rest of the preset stays.
+    mixed = policy_from_yaml(
+        "{preset: seed, limits: {tokens: {max_prompt_tokens: 8000}}}",
+        env={"SCHEDGUARD_LIMITS__FANOUT__MAX_N": "4"},
+    )
+    assert mixed.limits.tokens.max_prompt_tokens == 8000
+    assert mixed.limits.tokens.default_max_tokens == 256
+    assert mixed.limits.fanout.max_n == 4
+    # The preset can come from the environment too.
+    env = policy_from_yaml("", env={"SCHEDGUARD_PRESET": "seed"})
+    assert env.preset == "seed" and env.limits.tokens.max_prompt_tokens == 2048
+    with pytest.raises(PolicyError, match="preset: must be one of"):
+        policy_from_yaml("preset: tight")
 
 
 def test_key_entry_forms() -> None:
