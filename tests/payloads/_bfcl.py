@@ -52,7 +52,12 @@ SINGLE_TURN = (
     "live_relevance",
     "live_irrelevance",
 )
-MULTI_TURN = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+MULTI_TURN = (
+    "multi_turn_base",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+    "multi_turn_long_context",
+)
 CATEGORIES = SINGLE_TURN + MULTI_TURN
 # bfcl_eval/constants/executable_backend_config.py
 FUNC_DOC_FILES = {
@@ -108,7 +113,9 @@ def wheel() -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         spec = f"bfcl-eval=={VERSION}"
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-        subprocess.run([*cmd, "-d", str(path.parent), spec], check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [*cmd, "-d", str(path.parent), spec], check=True, capture_output=True, timeout=300
+        )
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != SHA256:
         raise RuntimeError(f"{path}: sha256 {digest}, expected {SHA256} (bfcl-eval=={VERSION})")
@@ -152,7 +159,9 @@ def _language_hint(functions: list[dict[str, Any]], category: str) -> list[dict[
                 value["description"] += (
                     f" This is {lang} {value['type']} type parameter in string representation."
                 )
-            if (java and value["type"] in ("ArrayList", "Array")) or (js and value["type"] == "array"):
+            if (java and value["type"] in ("ArrayList", "Array")) or (
+                js and value["type"] == "array"
+            ):
                 value["description"] += (
                     f" The list elements are of type {value['items']['type']}; they are not in "
                     "string representation."
@@ -205,7 +214,9 @@ def to_tools(functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return tools
 
 
-def _body(messages: list[dict[str, Any]], functions: list[dict[str, Any]], category: str) -> dict[str, Any]:
+def _body(
+    messages: list[dict[str, Any]], functions: list[dict[str, Any]], category: str
+) -> dict[str, Any]:
     # openai_completion.py _query_FC: messages, model, temperature (BFCL's default 0.001), store.
     body: dict[str, Any] = {
         "messages": messages,
@@ -223,14 +234,19 @@ def requests(path: Path, categories: tuple[str, ...] = CATEGORIES) -> Iterator[B
     """BFCL's requests for ``categories``, in file order."""
     with zipfile.ZipFile(path) as archive:
         docs = {
-            cls: _lines(archive, "multi_turn_func_doc/" + name) for cls, name in FUNC_DOC_FILES.items()
+            cls: _lines(archive, "multi_turn_func_doc/" + name)
+            for cls, name in FUNC_DOC_FILES.items()
         }
         for category in categories:
             for entry in _lines(archive, f"BFCL_v4_{category}.json"):
                 if category in MULTI_TURN:
                     functions = [f for cls in entry["involved_classes"] for f in docs[cls]]
-                    held_out = {n for names in entry.get("missed_function", {}).values() for n in names}
+                    held_out = {
+                        n for names in entry.get("missed_function", {}).values() for n in names
+                    }
                     functions = [f for f in functions if f["name"] not in held_out]
                 else:
                     functions = entry["function"]
-                yield BfclRequest(entry["id"], category, _body(entry["question"][0], functions, category))
+                yield BfclRequest(
+                    entry["id"], category, _body(entry["question"][0], functions, category)
+                )

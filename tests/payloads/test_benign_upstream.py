@@ -25,8 +25,6 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -72,7 +70,9 @@ class Judged:
 
     def describe(self) -> str:
         if not 200 <= self.status < 300:
-            return f"{self.id}: refused {self.status} {self.code} (param {self.param}): {self.message}"
+            return (
+                f"{self.id}: refused {self.status} {self.code} (param {self.param}): {self.message}"
+            )
         return f"{self.id}: admitted but forwarded {self.forwarded}x, changed {list(self.changed)}"
 
 
