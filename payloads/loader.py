@@ -5,6 +5,9 @@ Layout under the corpus root (``payloads/`` by default)::
     attacks/<class>/<id>.yaml   curated attacks, one directory per THREATS.md class
     benign/<id>.yaml            look-alikes that must pass
     found/<target>/<id>.yaml    findings saved by the fuzzers (``source: fuzz``)
+    public/<source>/<id>.yaml   ordinary traffic copied from public sources (class ``benign``),
+                                judged in front of an upstream reporting a 32k window, so
+                                loaded only with ``include_public=True``
 
 Pure standard library plus PyYAML: the guard is not imported, so fuzzers, locust and tests that
 run without it can read the corpus. The file format is documented in ``payloads/README.md``;
@@ -585,7 +588,7 @@ def load_payload(path: Path) -> Payload:
 # ---- the corpus ------------------------------------------------------------------------------
 
 
-def _files(root: Path, include_found: bool) -> list[tuple[Path, str]]:
+def _files(root: Path, include_found: bool, include_public: bool) -> list[tuple[Path, str]]:
     """(file, where) pairs; ``where`` is the class its directory implies, ``benign`` or
     ``found``."""
     out: list[tuple[Path, str]] = []
@@ -595,6 +598,8 @@ def _files(root: Path, include_found: bool) -> list[tuple[Path, str]]:
             if sub.is_dir():
                 out.extend((p, sub.name) for p in sorted(sub.rglob("*.yaml")))
     out.extend((p, BENIGN) for p in sorted((root / "benign").rglob("*.yaml")))
+    if include_public:
+        out.extend((p, BENIGN) for p in sorted((root / "public").rglob("*.yaml")))
     if include_found:
         out.extend((p, "found") for p in sorted((root / "found").rglob("*.yaml")))
     return out
@@ -606,11 +611,15 @@ def load_corpus(
     classes: Iterable[str] | None = None,
     kind: PayloadKind = "all",
     include_found: bool = True,
+    include_public: bool = False,
 ) -> list[Payload]:
     """Every payload under ``root`` (default: this package's directory), sorted by path.
 
     ``classes`` keeps those classes (THREATS.md classes, or ``"benign"``); ``kind`` keeps attacks
-    or benign payloads; ``include_found`` adds the fuzzers' findings. Raises
+    or benign payloads; ``include_found`` adds the fuzzers' findings; ``include_public`` adds
+    ``public/``, ordinary requests copied from public sources (API references, cookbooks,
+    examples), which need an upstream with a 32k window: the seed-sized defaults, the load
+    tests' benign traffic and the e2e servers' 4k window are not for them. Raises
     :class:`PayloadError` for a malformed file, a class that does not match its directory, or an
     id used twice.
     """
@@ -625,7 +634,7 @@ def load_corpus(
             raise ValueError(f"unknown class(es) {sorted(bad)}; one of {', '.join(CLASSES)}")
     seen: dict[str, Path] = {}
     out: list[Payload] = []
-    for path, where in _files(root, include_found):
+    for path, where in _files(root, include_found, include_public):
         p = load_payload(path)
         if where == "found":
             if p.source != "fuzz" or p.class_ == BENIGN:

@@ -75,10 +75,14 @@ def _advisory_ids(text: str) -> set[str]:
 
 ADVISORIES = _advisory_ids(THREATS)
 
-CORPUS = load_corpus()
+CORPUS = load_corpus(include_public=True)
 FILES = sorted(
-    p for sub in ("attacks", "benign", "found") for p in (DEFAULT_ROOT / sub).rglob("*.yaml")
+    p
+    for sub in ("attacks", "benign", "found", "public")
+    for p in (DEFAULT_ROOT / sub).rglob("*.yaml")
 )
+# Where a public/ payload was copied from: a URL, or a package and the file in it.
+SOURCE_REFERENCE = re.compile(r"https://\S+|(pypi|debian):\S+")
 
 
 def _ids(items: list[Any]) -> list[str]:
@@ -124,11 +128,13 @@ def test_every_class_has_a_pipeline_variant_except_framing() -> None:
 
 
 def test_kind_and_class_filters() -> None:
-    attacks = load_corpus(kind="attack")
-    benign = load_corpus(kind="benign")
+    attacks = load_corpus(kind="attack", include_public=True)
+    benign = load_corpus(kind="benign", include_public=True)
     assert all(p.kind == "attack" for p in attacks)
     assert all(p.kind == "benign" and p.expect.allowed for p in benign)
     assert len(attacks) + len(benign) == len(CORPUS)
+    public = set(_ids(benign)) - set(_ids(load_corpus(kind="benign")))
+    assert public and all("public" in p.path.parts for p in benign if p.id in public)
     fan = load_corpus(classes=["fan_out"])
     assert fan and {p.class_ for p in fan} == {"fan_out"}
     assert _ids(load_corpus(classes="fan_out")) == _ids(fan)
@@ -148,7 +154,15 @@ def test_payload_metadata(payload: Any) -> None:
             assert payload.references, "cite the published case (THREATS.md) behind the attack"
         if payload.source == "curated":
             assert payload.profiles.vulnerable and payload.profiles.hardened
+    public = payload.path.parent.parent.name == "public"
+    if public:
+        assert payload.kind == "benign", "public/ holds ordinary traffic only"
+        assert any(SOURCE_REFERENCE.fullmatch(r) for r in payload.references), (
+            "name the public source it was copied from (a URL, or pypi:/debian: package and path)"
+        )
     for ref in payload.references:
+        if public and SOURCE_REFERENCE.fullmatch(ref):
+            continue
         if re.fullmatch(
             r"(GHSA-[0-9a-z]{4}-[0-9a-z]{4}-[0-9a-z]{4}|CVE-\d{4}-\d+|PYSEC-\d{4}-\d+)", ref
         ):
@@ -227,7 +241,7 @@ def test_big_bodies_come_from_generators() -> None:
 _DIGESTS = """
 import hashlib, json, sys
 from payloads import load_corpus
-print(json.dumps({p.id: hashlib.sha256(p.body_bytes()).hexdigest() for p in load_corpus()}))
+print(json.dumps({p.id: hashlib.sha256(p.body_bytes()).hexdigest() for p in load_corpus(include_public=True)}))
 """
 
 
