@@ -12,7 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 from guard.checks._fields import Path, fmt_path, is_int, is_number
-from guard.checks._parts import EMBEDS_TYPES, MEDIA_TYPES, OTHER_MEDIA_TYPES, TEXT_TYPES
+from guard.checks._parts import (
+    EMBEDS_TYPES,
+    MEDIA_TYPES,
+    OTHER_MEDIA_TYPES,
+    TEXT_TYPES,
+    classify_part,
+)
 from guard.errors import GuardError
 
 Validator = Callable[[Any, Path], None]
@@ -229,7 +235,8 @@ def conversations(value: Any, path: Path) -> None:
 def content_parts(value: Any, path: Path) -> None:
     """Message content: null, a string, or an array of parts: strings (text to vLLM) and
     objects with a ``type`` the guard reads (text types with their text as a string). A part
-    with a ``uuid`` is the multimodal check's to judge (vLLM then ignores its ``type``)."""
+    with a ``uuid``, or without a ``type`` (vLLM's ``{"image_url": "..."}``, read by its first
+    media key), is the multimodal check's to judge (vLLM then reads the part by its keys)."""
     if value is None or isinstance(value, str):
         return
     if not isinstance(value, list):
@@ -241,6 +248,8 @@ def content_parts(value: Any, path: Path) -> None:
         if not isinstance(part, dict):
             raise _type_error(at, "a string or an object")
         if part.get("uuid") is not None:
+            continue
+        if "type" not in part and classify_part(part).inferred:
             continue
         kind = part.get("type")
         if not isinstance(kind, str):

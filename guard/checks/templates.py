@@ -148,6 +148,10 @@ def _check_chat_template(body: dict[str, Any], policy: Policy, costs: dict[str, 
             raise
 
 
+# chat_template_kwargs that carry content rather than switches (the prompt count bounds them).
+_CONTENT_KWARGS = frozenset({"documents"})
+
+
 def _check_kwargs(kwargs: dict[str, Any], policy: Policy) -> None:
     """Each key accepted (the allowlist, or a variable the upstream's template reads; never a
     reserved name) and the values' size within the cap."""
@@ -175,6 +179,8 @@ def _check_kwargs(kwargs: dict[str, Any], policy: Policy) -> None:
                     "chat template and not on limits.templates.chat_template_kwargs_allowlist",
                     param=param,
                 )
+        if key in _CONTENT_KWARGS:
+            continue  # content the template prints: counted in the prompt's tokens
         left -= indent4_size(value, left + 1)
         if left < 0:
             raise TemplateError(

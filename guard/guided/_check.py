@@ -593,12 +593,14 @@ class _SchemaWalk:
                 if child == _BOOL_TARGET or state.get(child) == 2:
                     continue
                 if state.get(child) == 1:
-                    if limits.allow_recursive_refs:
+                    if limits.recursive_refs_allowed:
                         continue
                     site, _, key = self.refs[pos]
                     _limit(
                         "guided_schema_too_deep",
-                        "recursive $ref (the schema would expand without end)",
+                        "outlines expands a recursive $ref into a regex without end"
+                        if limits.backends == ("outlines",)
+                        else "recursive $ref (the schema would expand without end)",
                         self.path_of(site, key),
                     )
                 state[child] = 1
@@ -841,7 +843,7 @@ def _fast_schema(ctx: _Ctx, root: Mapping[str, Any], path: _Path) -> SchemaFacts
     ctx.schema_nodes = nodes
     ctx.schema_chars = chars
     if refs:
-        if limits.allow_recursive_refs:
+        if limits.recursive_refs_allowed:
             return None  # which recursive $ref counts once depends on the exact walk's order
         walk._expand_refs()
     for _, _, pattern in patterns:

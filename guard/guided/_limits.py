@@ -55,8 +55,13 @@ class GuidedLimits:
         default=262_144, description="Most characters of schema keys and strings per request."
     )
     max_schema_refs: PosInt = Field(default=256, description="Most `$ref` per request.")
-    allow_recursive_refs: bool = Field(
-        default=False, description="Accept recursive `$ref` (a schema that expands without end)."
+    allow_recursive_refs: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Accept a recursive `$ref` (OpenAI's structured-outputs guide uses them: a "
+        "UI component whose `children` are components). Grammar backends (xgrammar, "
+        "guidance, llama.cpp's converter) make a recursive rule of it; outlines expands it "
+        "into a regex without end. `auto` (default): accepted unless `backends` is outlines "
+        "alone (vLLM pinned to outlines); `true`/`false`: always/never.",
     )
     max_schema_enum: PosInt = Field(default=1024, description="Largest `enum`.")
     max_schema_length_bound: PosInt = Field(
@@ -165,3 +170,10 @@ class GuidedLimits:
     max_choice_chars: PosInt = Field(
         default=65_536, description="Most characters over all `guided_choice` entries."
     )
+
+    @property
+    def recursive_refs_allowed(self) -> bool:
+        """Whether a recursive ``$ref`` is accepted (``allow_recursive_refs`` decided)."""
+        if self.allow_recursive_refs == "auto":
+            return self.backends != ("outlines",)
+        return self.allow_recursive_refs

@@ -109,7 +109,6 @@ RESERVED_TEMPLATE_KWARGS: Mapping[str, str] = {
     "conversation": "replaces the conversation the server builds",
     "messages": "replaces the conversation the server builds",
     "tools": "replaces the request's tools; use the top-level field",
-    "documents": "replaces the request's documents; use the top-level field",
     "padding": "a tokenizer argument of apply_chat_template",
     "truncation": "a tokenizer argument of apply_chat_template (cuts the prompt)",
     "max_length": "a tokenizer argument of apply_chat_template",
@@ -143,9 +142,12 @@ RESERVED_TEMPLATE_KWARGS: Mapping[str, str] = {
 # (``reasoning_effort``, ``model_identity``, ``builtin_tools``), Llama 3.1-3.3
 # (``tools_in_user_message``, ``date_string``, ``builtin_tools``, ``custom_tools``), Command R
 # and Command A (``citation_mode``, ``safety_mode``), Granite 3.3 (``controls``), Qwen2-VL
-# (``add_vision_id``), SmolLM 3 (``xml_tools``, ``python_tools``); and the generation switches.
+# (``add_vision_id``), SmolLM 3 (``xml_tools``, ``python_tools``); ``documents`` (Command R's and
+# Granite's RAG, which granite-io and vLLM's own examples send here rather than at the top
+# level); and the generation switches.
 COMMON_TEMPLATE_KWARGS = frozenset(
     {
+        "documents",
         "add_generation_prompt",
         "continue_final_message",
         "enable_thinking",

@@ -166,7 +166,8 @@ class TemplatesPolicy(Section):
         "`reasoning_effort`, `model_identity`, `builtin_tools`; Llama 3.1's "
         "`tools_in_user_message`, `date_string`, `builtin_tools`, `custom_tools`; Command R's "
         "`citation_mode`, `safety_mode`; Granite 3.3's `controls`; Qwen2-VL's "
-        "`add_vision_id`; SmolLM 3's `xml_tools`, `python_tools`), and "
+        "`add_vision_id`; SmolLM 3's `xml_tools`, `python_tools`), `documents` (Command R's "
+        "and Granite's RAG documents, as granite-io and vLLM's examples send them), and "
         "`add_generation_prompt`, `continue_final_message`. The reserved names (below) may not "
         "be listed.",
     )
@@ -178,7 +179,7 @@ class TemplatesPolicy(Section):
         "Never accepted, whatever the template reads, are the names that change what the "
         "server does rather than what the template prints: `chat_template` (see "
         "`allow_request_chat_template`), `tokenize` (vLLM GHSA-69j4-grxj-j64p), "
-        "`conversation`, `messages`, `tools`, `documents` (use the top-level fields), the "
+        "`conversation`, `messages`, `tools` (use the top-level fields), the "
         "tokenizer arguments of `apply_chat_template` (`padding`, `truncation`, `max_length`, "
         "`return_tensors`, `return_dict`, `return_assistant_tokens_mask`, "
         "`tokenizer_kwargs`, `processor_kwargs`, `mm_processor_kwargs`), the special tokens "
@@ -190,7 +191,8 @@ class TemplatesPolicy(Section):
         description="Most bytes of all `chat_template_kwargs` values together, weighed as "
         "indent-4 JSON as the prompt count weighs them (`chat_template_kwarg_not_allowed` "
         "beyond): strings, numbers, and the lists and objects some templates read "
-        "(`builtin_tools`, `controls`). Their text counts in the prompt's tokens too.",
+        "(`builtin_tools`, `controls`). `documents` is content, not a switch: it is not held "
+        "to this cap but counted in the prompt's tokens, as every value here is.",
     )
     chat_template: RequestTemplateLimits = Field(
         default_factory=lambda: RequestTemplateLimits(),

@@ -193,3 +193,18 @@ def test_benign_openai_sdk_request_passes() -> None:
     }
     assert passes(body)
     assert passes(body, policy=REJECT)
+
+
+def test_a_part_without_a_type_is_read_by_its_media_key_as_vllm_does() -> None:
+    # vLLM's CustomChatCompletionContentSimpleImageParam: {"image_url": "..."}, no type.
+    for part in (
+        {"image_url": "https://example.com/a.png"},
+        {"image_url": {"url": "https://example.com/a.png"}},
+        {"audio_url": "https://example.com/a.wav"},
+        {"video_url": "https://example.com/a.mp4"},
+    ):
+        body = {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+        assert passes(body), part
+    # Without a media key there is nothing to read it by: vLLM refuses it, so does the guard.
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"text": "hi"}]}]}
+    assert rejection(body).param == "messages[0].content[0].type"

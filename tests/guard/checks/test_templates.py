@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from guard.checks import CheckResult, check_templates
 from guard.checks._placeholders import bound_expansion, parse_source
-from guard.errors import GuardError
+from guard.errors import GuardError, PolicyError
 from guard.policy import Policy, default_policy, policy_from_yaml
 from guard.request_view import RequestView
 from guard.template_scan import scan_template
@@ -274,3 +274,80 @@ def test_flat_placeholders_read_in_one_pass_agree_with_the_general_reader(parts:
         return  # parse_source reads balanced text only
     # A weigh other than len takes the general path (runs of literal text measured one by one).
     assert parse_source(text) == parse_source(text, weigh=lambda run: len(run))
+
+
+# -- chat_template_kwargs -------------------------------------------------------------------------
+
+LLAMA31_HEAD = (
+    "{{- bos_token }}{%- if custom_tools is defined %}{%- set tools = custom_tools %}{%- endif %}"
+    "{%- if not tools_in_user_message is defined %}{%- set tools_in_user_message = true %}"
+    "{%- endif %}{%- if not date_string is defined %}{%- set date_string = '26 Jul 2024' %}"
+    "{%- endif %}{{ date_string }}{% if my_switch %}on{% endif %}"
+    "{% for m in messages %}{{ m.content }}{% endfor %}"
+)
+
+
+def kwargs_body(**kwargs: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": MSG, "chat_template_kwargs": kwargs}
+
+
+def test_common_template_switches_pass_without_a_template() -> None:
+    body = kwargs_body(
+        tools_in_user_message=False,
+        date_string="07 Dec 2026",
+        enable_thinking=False,
+        citation_mode="accurate",
+        controls={"citations": True, "length": "short"},
+        builtin_tools=["brave_search", "wolfram_alpha"],
+        documents=[{"title": "a", "text": "word " * 5000}],  # content: counted, not capped here
+    )
+    assert passes(body)
+    # A key no common template reads is refused while the template is unknown.
+    err = rejection(kwargs_body(my_switch=True))
+    assert err.code == "chat_template_kwarg_not_allowed"
+    assert err.param == "chat_template_kwargs.my_switch"
+
+
+def test_the_variables_the_upstreams_template_reads_are_accepted(tmp_path: Any) -> None:
+    template = tmp_path / "chat_template.jinja"
+    template.write_text(LLAMA31_HEAD)
+    policy = policy_from_yaml(f"limits: {{tokens: {{chat_template: '{template}'}}}}")
+    assert passes(kwargs_body(my_switch=True), policy=policy)
+    assert passes(kwargs_body(custom_tools=[{"name": "x"}]), policy=policy)
+    err = rejection(kwargs_body(other_switch=True), policy=policy)
+    assert "not read by the upstream's chat template" in err.message
+    # Reading from the template can be turned off: the allowlist alone decides.
+    only = policy_from_yaml(
+        f"limits: {{tokens: {{chat_template: '{template}'}}, "
+        "templates: {chat_template_kwargs_from_template: false}}"
+    )
+    assert rejection(kwargs_body(my_switch=True), policy=only).code == (
+        "chat_template_kwarg_not_allowed"
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["tokenize", "messages", "bos_token", "tools", "truncation", "raise_exception"]
+)
+def test_reserved_names_are_refused_even_when_the_template_reads_them(
+    name: str, tmp_path: Any
+) -> None:
+    template = tmp_path / "chat_template.jinja"
+    template.write_text(
+        "{{ bos_token }}{{ raise_exception }}{{ tools }}{{ truncation }}" + LLAMA31_HEAD
+    )
+    policy = policy_from_yaml(f"limits: {{tokens: {{chat_template: '{template}'}}}}")
+    err = rejection(kwargs_body(**{name: True}), policy=policy)
+    assert err.code == "chat_template_kwarg_not_allowed"
+    assert "is never accepted" in err.message
+    # ... nor may they be allowlisted.
+    with pytest.raises(PolicyError, match="may not be allowlisted"):
+        policy_from_yaml(f"limits: {{templates: {{chat_template_kwargs_allowlist: [{name}]}}}}")
+
+
+def test_kwarg_values_are_bounded_together() -> None:
+    cap = P.limits.templates.max_chat_template_kwargs_bytes
+    assert passes(kwargs_body(date_string="x" * (cap // 2)))
+    err = rejection(kwargs_body(date_string="x" * cap, model_identity="y" * 10))
+    assert err.code == "chat_template_kwarg_not_allowed"
+    assert f"larger than {cap} bytes" in err.message

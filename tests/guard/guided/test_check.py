@@ -320,8 +320,6 @@ def test_deeply_nested_schemas_refused(builder: str, depth: int, wrap: str) -> N
 ATTACK_SCHEMAS = [
     (nested_objects(100), "guided_schema_too_deep"),
     ({"allOf": [{"allOf": [{"not": {"not": nested_objects(40)}}]}]}, "guided_schema_too_deep"),
-    (RECURSIVE, "guided_schema_too_deep"),
-    ({"properties": {"a": {"$ref": "#"}}}, "guided_schema_too_deep"),
     (_ref_chain_depth(10, 10), "guided_schema_too_deep"),  # 100 levels once expanded
     (_ref_laughs(12), "guided_schema_too_large"),  # 3**11 copies once expanded
     ({"enum": list(range(100_000))}, "guided_schema_too_large"),
@@ -396,6 +394,17 @@ def test_schema_json_strings() -> None:
     assert code_of({"guided_json": json.dumps(nested_objects(5))}) is None
 
 
+def test_recursive_refs_refused_for_outlines_or_by_policy() -> None:
+    # Grammar backends make a recursive rule of a recursive $ref: accepted by default.
+    assert code_of({"guided_json": RECURSIVE}) is None
+    assert code_of({"guided_json": {"properties": {"a": {"$ref": "#"}}}}) is None
+    # Outlines alone expands it without end; `false` refuses it whatever the backends.
+    for limits in (GuidedLimits(backends=("outlines",)), GuidedLimits(allow_recursive_refs=False)):
+        assert code_of({"guided_json": RECURSIVE}, limits) == "guided_schema_too_deep"
+        body = {"guided_json": {"properties": {"a": {"$ref": "#"}}}}
+        assert code_of(body, limits) == "guided_schema_too_deep"
+
+
 def test_recursive_refs_allowed_by_policy() -> None:
     limits = GuidedLimits(allow_recursive_refs=True)
     assert code_of({"guided_json": RECURSIVE}, limits) is None
@@ -408,7 +417,7 @@ def test_schema_param_names_the_field() -> None:
     err = error_of(tool_body({"type": "object", "properties": {"n": {"maxLength": 10**9}}}))
     assert err.param == "tools[0].function.parameters.properties.n.maxLength"
     assert isinstance(err, LimitExceeded)
-    err = error_of({"guided_json": RECURSIVE})
+    err = error_of({"guided_json": RECURSIVE}, GuidedLimits(allow_recursive_refs=False))
     assert err.param == "guided_json.$defs.node.properties.children.items.$ref"
     err = error_of({"guided_json": {"properties": {"a b": {"type": "string", "pattern": "(a"}}}})
     assert err.param == 'guided_json.properties["a b"].pattern'
