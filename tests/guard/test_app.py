@@ -712,12 +712,57 @@ async def test_token_reservations_are_reconciled_with_the_upstream_usage() -> No
     # without the refund the third request would be refused.
     async with guard("rate: {anonymous: {tokens_per_minute: 600}}") as g:
         for _ in range(5):
-            resp = await g.client.post("/v1/chat/completions", json=CHAT)
+            resp = await g.client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 256})
             assert resp.status_code == 200, resp.text
         text = g.metrics_text()
         assert 'schedguard_guard_rate_limit_tokens_total{kind="refunded"}' in text
         resp = await g.client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2000})
         assert resp.status_code in (400, 429) and len(g.fake.received) == 5
+
+
+def _tokens_reserved(text: str) -> float:
+    found = re.search(r'schedguard_guard_rate_limit_tokens_total\{kind="reserved"\} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_a_chat_without_max_tokens_goes_unchanged_and_reserves_the_window() -> None:
+    # In front of an upstream reporting a 32k window, with a key whose bucket holds more: the
+    # body reaches the upstream as it was sent (no max_tokens injected), and the token bucket
+    # is charged the prompt plus the window's remainder, i.e. the whole window.
+    window = 32_768
+    policy = policy_from_yaml(
+        f"keys: [{{key: {KEY}, tenant: t, rate: {{tokens_per_minute: 1000000}}}}]"
+    )
+    async with fake_upstream() as fake:
+        fake.models = {"max_model_len": window, "owned_by": "vllm"}
+        app = create_app(policy, upstream_url=fake.url)
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+            ready = await client.get("/readyz")
+            assert ready.json()["context_length"] == window
+            raw = json.dumps({**CHAT, "stream": False}).encode()
+            headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+            resp = await client.post("/v1/chat/completions", content=raw, headers=headers)
+            assert resp.status_code == 200, resp.text
+            assert fake.received[-1].body == raw
+            g = Guard(url, fake, app, client)
+            assert _tokens_reserved(g.metrics_text()) == window
+            # A cap set by the client is what is reserved instead (prompt + 100).
+            body = {**CHAT, "max_tokens": 100}
+            resp = await client.post("/v1/chat/completions", json=body, headers=headers)
+            assert resp.status_code == 200
+            assert window < _tokens_reserved(g.metrics_text()) < window + 200
+            # A bucket smaller than the window is charged at most its size, never refused for it.
+    small = policy_from_yaml(
+        f"keys: [{{key: {KEY}, tenant: t, rate: {{tokens_per_minute: 5000}}}}]"
+    )
+    async with fake_upstream() as fake:
+        fake.models = {"max_model_len": window, "owned_by": "vllm"}
+        app = create_app(small, upstream_url=fake.url)
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+            await client.get("/readyz")
+            resp = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+            assert resp.status_code == 200, resp.text
+            assert _tokens_reserved(Guard(url, fake, app, client).metrics_text()) == 5000
 
 
 async def test_a_bug_in_the_guard_is_a_logged_500_not_a_hang(
