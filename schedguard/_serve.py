@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 UPSTREAM_ENV = "SCHEDGUARD_UPSTREAM__URL"
 REDIS_ENV = "SCHEDGUARD_RATE__REDIS_URL"
 ADMIN_ENV = "SCHEDGUARD_ADMIN__LISTEN"
+PRESET_ENV = "SCHEDGUARD_PRESET"
 _EMBEDDED_START_TIMEOUT_S = 60.0
 
 
@@ -46,6 +47,7 @@ class ServeOptions:
     upstream_mem_limit_bytes: int
     admin_listen: str | None = None
     embedded_reference: bool = False
+    preset: str | None = None
 
 
 def _err(message: str, command: str = "serve") -> None:
@@ -123,7 +125,8 @@ def serve(opts: ServeOptions) -> int:
         overrides[POLICY_ENV] = opts.policy_path
     for var, flag, value in ((UPSTREAM_ENV, "--upstream", opts.upstream),
                              (REDIS_ENV, "--redis", opts.redis_url),
-                             (ADMIN_ENV, "--admin-port", opts.admin_listen)):  # fmt: skip
+                             (ADMIN_ENV, "--admin-port", opts.admin_listen),
+                             (PRESET_ENV, "--preset", opts.preset)):  # fmt: skip
         if value is not None:
             overrides[var], flags[var] = value, flag
     env = {**os.environ, **overrides}
@@ -205,7 +208,13 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def show_policy(path: str | None, *, as_json: bool = False, upstream: str | None = None) -> int:
+def show_policy(
+    path: str | None,
+    *,
+    as_json: bool = False,
+    upstream: str | None = None,
+    preset: str | None = None,
+) -> int:
     """Print the effective policy. The context window in force is said at the end (a YAML
     comment; ``context_window`` beside ``policy`` in JSON): the policy's, or, with
     ``upstream``, the one that upstream's ``/v1/models`` reports, as the guard would use it."""
@@ -213,10 +222,14 @@ def show_policy(path: str | None, *, as_json: bool = False, upstream: str | None
     from guard.policy import PolicyError, load_policy, policy_to_yaml
     from guard.server import POLICY_ENV
 
+    env = dict(os.environ)
+    flags = {}
+    if preset is not None:
+        env[PRESET_ENV], flags[PRESET_ENV] = preset, "--preset"
     try:
-        policy = load_policy(path or os.environ.get(POLICY_ENV) or None, os.environ)
+        policy = load_policy(path or env.get(POLICY_ENV) or None, env)
     except PolicyError as exc:
-        _err(policy_error_text(exc, {}, path), "policy show")
+        _err(policy_error_text(exc, flags, path), "policy show")
         return 2
     models = None if upstream is None else _models_of(upstream)
     if upstream is not None and models is None:

@@ -28,6 +28,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 
+from guard.presets import PRESET_NAMES
 from schedguard import __version__, _fuzz_cli, _load_cli
 from schedguard._argtypes import non_negative_int, port, positive_float, positive_int
 
@@ -168,6 +169,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="base URL of the LLM server (overrides upstream.url)",
     )
     serve.add_argument(
+        "--preset",
+        choices=PRESET_NAMES,
+        default=None,
+        help="a named set of limits beneath the policy's own (overrides preset): default, or "
+        "seed for the seed's 2048-token budgets",
+    )
+    serve.add_argument(
         "--embedded-reference",
         action="store_true",
         help="without an upstream, start the reference scheduler (hardened profile, a test "
@@ -230,6 +238,12 @@ def _add_policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="policy YAML file; without it $SCHEDGUARD_POLICY, else the built-in policy",
     )
     show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    show.add_argument(
+        "--preset",
+        choices=PRESET_NAMES,
+        default=None,
+        help="show the policy with this preset (overrides preset)",
+    )
     key = psub.add_parser(
         "key",
         help="make a new API key and the policy entry that admits it",
@@ -315,6 +329,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             ),
             upstream_mem_limit_bytes=args.upstream_mem_limit_mb << 20,
             embedded_reference=args.embedded_reference,
+            preset=args.preset,
         )
     )
 
@@ -324,7 +339,7 @@ def _run_policy(args: argparse.Namespace) -> int:
 
     if args.policy_command == "key":
         return new_key(args.tenant, as_json=args.json)
-    return show_policy(args.policy, as_json=args.json, upstream=args.upstream)
+    return show_policy(args.policy, as_json=args.json, upstream=args.upstream, preset=args.preset)
 
 
 def missing_extra(exc: ModuleNotFoundError) -> str | None:

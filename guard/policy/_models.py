@@ -35,7 +35,7 @@ from guard.guided import GuidedLimits
 from guard.http import ConnectionLimits, FramingLimits, UpstreamConfig
 from guard.jinja import COMMON_TEMPLATE_KWARGS, RESERVED_TEMPLATE_KWARGS, ChatTemplateLimits
 from guard.json import JsonLimits
-from guard.policy._presets import PresetName, apply_preset, preset_summary
+from guard.presets import PresetName, apply_preset, preset_summary
 
 # The names of the checks the pipeline knows, in the default order (cheapest first: fan-out
 # reads a few fields and counts lists without walking them, so 2,000 messages are refused

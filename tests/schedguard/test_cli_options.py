@@ -227,3 +227,32 @@ def test_serve_without_an_upstream_exits_2_unless_the_reference_is_asked_for(
     assert "--embedded-reference" in err
     assert main(["serve", "--embedded-reference", "--upstream", "http://127.0.0.1:9"]) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+def test_the_preset_flag_chooses_the_preset(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _clear_schedguard_env(monkeypatch)
+    assert main(["policy", "show", "--preset", "seed"]) == 0
+    out = capsys.readouterr().out
+    assert "preset: seed" in out and "max_prompt_tokens: 2048" in out
+    assert main(["policy", "show"]) == 0
+    assert "max_prompt_tokens: null" in capsys.readouterr().out
+
+
+def test_policy_key_makes_a_key_that_the_policy_admits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from guard.policy import key_digest, policy_from_yaml
+
+    assert main(["policy", "key", "--tenant", "team-a", "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["key_sha256"] == key_digest(made["key"]) and made["tenant"] == "team-a"
+    assert main(["policy", "key", "--tenant", "team-a"]) == 0
+    entry = capsys.readouterr().out
+    policy = policy_from_yaml(entry)  # the printed entry pastes into a policy as it is
+    assert policy.keys[0].tenant == "team-a"
+    assert main(["policy", "key", "--tenant", "no spaces"]) == 2
+    assert "--tenant: must be 1 to 64" in capsys.readouterr().err

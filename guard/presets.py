@@ -1,5 +1,8 @@
 """Named presets: sets of policy values chosen as a whole (``preset: seed``).
 
+A module of its own, importing nothing of the guard, so that the command line can list the
+names without loading the policy machinery.
+
 A preset supplies values beneath the policy's own: a field the policy file or a
 ``SCHEDGUARD_*`` variable sets wins over the preset's, and the preset's wins over the default.
 The default policy is sized for ordinary OpenAI traffic in front of a real server (limits from
@@ -12,11 +15,12 @@ want the tight budgets of the original patch in front of a small model.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-__all__ = ["PRESETS", "PresetName", "apply_preset", "preset_summary"]
+__all__ = ["PRESETS", "PRESET_NAMES", "PresetName", "apply_preset", "preset_summary"]
 
 PresetName = Literal["default", "seed"]
+PRESET_NAMES: tuple[PresetName, ...] = get_args(PresetName)
 
 PRESETS: Mapping[str, Mapping[str, Any]] = {
     "default": {},
