@@ -51,8 +51,8 @@ async def test_serve_prints_the_policy_in_force_at_start() -> None:
             said = next(line for line in lines if "policy in force" in line)
             assert "context window 32768 tokens (the upstream's /v1/models max_model_len)" in said
             assert "upstream kind vllm" in said and "preset default" in said
-            # Stopped once it serves (a SIGTERM while uvicorn is still starting is another
-            # matter: see the closing note of issue 19).
+            # Stopped once it serves: the fake upstream lives on this test's loop, and the
+            # guard's start-up asks it for its model list.
             async with httpx.AsyncClient(timeout=5) as client, asyncio.timeout(60):
                 while True:
                     with contextlib.suppress(httpx.HTTPError):
