@@ -600,8 +600,10 @@ def test_refusal_stops_at_the_first_crossing() -> None:
     # The offsets show where reading stopped: right at the culprit, not at the end.
     assert refusal(b"[" * 200_000).message.endswith("(byte 32)")
     assert refusal(b'{"a":' * 50_000).message.endswith("(byte 160)")
-    exc = refusal(b"[" + b"1," * 5000 + b"1]" + b"[" * 200_000)
-    assert (exc.code, exc.message.endswith("byte 8192")) == ("json_array_too_long", True)
+    most = DEFAULT.max_array_length
+    exc = refusal(b"[" + b"1," * (most + 1000) + b"1]" + b"[" * 200_000)
+    crossing = f"byte {2 * most}"
+    assert (exc.code, exc.message.endswith(crossing)) == ("json_array_too_long", True)
 
 
 # --------------------------------------------------------------------------- properties
