@@ -297,13 +297,18 @@ def _context_comment(window: Mapping[str, object]) -> str:
 
 
 def _models_of(upstream: str) -> object:
-    """``GET upstream/v1/models`` as JSON (at most 1 MiB, 5 s), or None."""
+    """``GET upstream/v1/models`` as JSON (at most 1 MiB, 5 s), or None; marked as the guard's
+    own request, as its readiness probes are."""
     import urllib.error
     import urllib.request
 
+    from guard.http import PROBE_HEADER
+
     url = upstream.rstrip("/") + "/v1/models"
+    name, value = (part.decode() for part in PROBE_HEADER)
+    request = urllib.request.Request(url, headers={name: value})
     try:
-        with urllib.request.urlopen(url, timeout=5.0) as resp:
+        with urllib.request.urlopen(request, timeout=5.0) as resp:
             if resp.status != 200:
                 return None
             return json.loads(resp.read(1 << 20))

@@ -82,11 +82,18 @@ async def raw_request(
 # --------------------------------------------------------------------------- proxied routes
 
 
-async def test_chat_completion_is_checked_and_proxied_with_max_tokens_injected() -> None:
+async def test_chat_completion_is_checked_and_proxied_unchanged() -> None:
     async with guard() as g:
-        resp = await g.client.post("/v1/chat/completions", json=CHAT)
+        raw = json.dumps(CHAT).encode()
+        headers = {"content-type": "application/json"}
+        resp = await g.client.post("/v1/chat/completions", content=raw, headers=headers)
         assert resp.status_code == 200
         assert resp.json()["choices"][0]["message"]["content"] == "tok tok tok "
+        assert g.fake.received[-1].body == raw  # nothing injected
+    # The seed preset injects its default output cap.
+    async with guard("preset: seed") as g:
+        resp = await g.client.post("/v1/chat/completions", json=CHAT)
+        assert resp.status_code == 200
         forwarded = json.loads(g.fake.received[-1].body)
         assert forwarded["max_tokens"] == 256 and forwarded["messages"] == CHAT["messages"]
 
@@ -197,7 +204,7 @@ async def test_dry_run_verdicts() -> None:
         body = resp.json()
         assert resp.status_code == 200 and body["allowed"] is True and body["code"] is None
         assert body["costs"]["prompt_tokens"] > 0
-        assert body["mutations"][0]["path"] == ["max_tokens"]
+        assert body["mutations"] == []
         assert [c["outcome"] for c in body["checks"]] == ["pass"] * len(body["checks"])
         resp = await g.client.post(
             "/guard/v1/check?path=/v1/completions", json={"model": "m", "prompt": "x", "n": 1000}
@@ -254,7 +261,7 @@ async def test_healthz_readyz_metrics_and_openapi() -> None:
         assert (await g.client.get("/healthz")).json() == {"status": "ok"}
         assert (await g.client.get("/readyz")).status_code == 200
         await g.client.post("/v1/chat/completions", json=CHAT)
-        await g.client.post("/v1/chat/completions", json={**CHAT, "n": 99})
+        await g.client.post("/v1/chat/completions", json={**CHAT, "n": 999})
         text = (await g.client.get("/metrics")).text
         assert (
             'schedguard_guard_requests_total{route="/v1/chat/completions",status="200"} 1.0' in text
@@ -618,7 +625,7 @@ async def test_access_log_is_one_json_line_without_prompt_text(
                 headers={"x-request-id": "log-1"},
                 json={"model": "m", "messages": [{"role": "user", "content": secret}]},
             )
-            await g.client.post("/v1/chat/completions", json={**CHAT, "n": 100})
+            await g.client.post("/v1/chat/completions", json={**CHAT, "n": 1000})
             await g.client.post(
                 "/v1/chat/completions",
                 json=CHAT,

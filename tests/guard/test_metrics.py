@@ -35,8 +35,9 @@ async def test_limiter_series_count_one_unit_each() -> None:
             policy_from_yaml("rate: {anonymous: {tokens_per_minute: 600}}"), upstream_url=fake.url
         )
         async with serve(app) as url, httpx.AsyncClient(base_url=url) as client:
+            capped = {**CHAT, "max_tokens": 16}  # a reservation the 600-token bucket holds
             for _ in range(3):
-                assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+                assert (await client.post("/v1/chat/completions", json=capped)).status_code == 200
             # More tokens than the bucket holds: refused by the limiter, not by a check.
             refused = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1000})
             assert refused.json()["error"]["code"] == "request_exceeds_token_budget"

@@ -15,6 +15,7 @@ from guard.policy import CHECK_NAMES, Policy, default_policy, key_digest, policy
 from guard.request_view import RequestView, endpoint_of, resolve_key
 
 P = default_policy()
+SEED = policy_from_yaml("preset: seed")  # injects max_tokens 256 when a request sets none
 CHAT = "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]
 KEYED = policy_from_yaml(
@@ -39,7 +40,9 @@ def test_benign_request_is_allowed_with_costs_and_mutations() -> None:
     assert verdict.costs["body_bytes"] > 0
     assert verdict.costs["prompt_tokens"] > 0
     assert verdict.costs["tokens_reserved"] >= verdict.costs["output_tokens_reserved"] > 0
-    assert verdict.mutations == (Mutation(("max_tokens",), 256, "default_max_tokens"),)
+    assert verdict.mutations == ()  # forwarded as it is
+    seeded = evaluate({"model": "m", "messages": MSG}, policy=SEED)
+    assert seeded.mutations == (Mutation(("max_tokens",), 256, "default_max_tokens"),)
     assert list(verdict.durations) == ["parse", *P.checks]
     assert verdict.view is not None and verdict.view.tenant == "anonymous"
 
@@ -47,7 +50,7 @@ def test_benign_request_is_allowed_with_costs_and_mutations() -> None:
 def test_counts_are_judged_before_the_schema_types_each_item() -> None:
     # 2,000 messages, the first of a role no upstream knows: the count (fan-out, O(1)) refuses
     # the body before the schema check walks the messages.
-    body = {"model": "m", "messages": [{"role": "wizard", "content": "x"}] * 2000}
+    body = {"model": "m", "messages": [{"role": "wizard", "content": "x"}] * 3000}
     verdict = evaluate(body)
     assert verdict.code == "messages_exceeded"
     assert "schema" not in verdict.durations
@@ -58,12 +61,12 @@ def test_counts_are_judged_before_the_schema_types_each_item() -> None:
 
 def test_forward_body_applies_mutations_only_when_needed() -> None:
     raw = json.dumps({"model": "m", "messages": MSG}).encode()
-    verdict = evaluate_body(raw, CHAT, {}, P)
+    verdict = evaluate_body(raw, CHAT, {}, SEED)
     forwarded = json.loads(verdict.forward_body(raw))
     assert forwarded["max_tokens"] == 256
     assert verdict.view is not None and "max_tokens" not in verdict.view.body
     raw = json.dumps({"model": "m", "messages": MSG, "max_tokens": 5}).encode()
-    verdict = evaluate_body(raw, CHAT, {}, P)
+    verdict = evaluate_body(raw, CHAT, {}, SEED)
     assert verdict.forward_body(raw) is raw
 
 
@@ -188,7 +191,7 @@ def test_view_basics() -> None:
 
 
 def test_dry_run_dict() -> None:
-    verdict = evaluate({"messages": MSG, "n": 99})
+    verdict = evaluate({"messages": MSG, "n": 999})
     d = verdict.to_dict()
     assert d["allowed"] is False and d["status"] == 400
     assert d["code"] == "n_exceeded" and d["param"] == "n"
@@ -203,7 +206,7 @@ def test_dry_run_dict() -> None:
         "durations_ms",
     }
     json.dumps(d)
-    ok = evaluate({"messages": MSG}).to_dict()
+    ok = evaluate({"messages": MSG}, policy=SEED).to_dict()
     assert ok["mutations"] == [
         {"path": ["max_tokens"], "value": 256, "reason": "default_max_tokens"}
     ]
