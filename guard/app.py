@@ -3,14 +3,14 @@ upstream sees it.
 
 Routes:
 
-- proxied (:mod:`guard.gateway`, pure ASGI): ``POST /v1/chat/completions``,
+- proxied (:mod:`guard.proxy`, pure ASGI, around :mod:`guard.gateway`): ``POST /v1/chat/completions``,
   ``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /v1/models`` (and
   ``/v1/models/{model}``), plus the policy's ``routes`` (POST); any other path gets 404
   ``route_not_allowed``;
 - ``POST /guard/v1/check?path=/v1/chat/completions``: the dry-run verdict for a body, always
   200 when the body could be judged (``allowed``, ``status``, ``code``, ``message``, ``param``,
   ``costs``, ``mutations``, ``durations_ms``, ``checks``), from the proxied path's own front
-  half (:meth:`~guard.gateway.Gateway.admit`): the same framing, route, API-key and checks;
+  half (:func:`~guard.proxy.admit`): the same framing, route, API-key and checks;
 - ``GET /healthz`` (the process is up), ``GET /readyz`` (the next request can be served: the
   upstream answers its health check, else 503 ``upstream_unavailable``; with Redis rate limits
   that fail closed, Redis answers a PING, else 503 ``rate_limiter_unavailable``, the answer
@@ -57,12 +57,14 @@ from guard.errors import (
     Overloaded,
     UpstreamError,
 )
-from guard.gateway import Gateway, check_outcomes
+from guard.exchange import check_outcomes
+from guard.gateway import Gateway
 from guard.http import (
     Upstream,
     head_refusals,
 )
 from guard.policy import Policy
+from guard.proxy import AsgiProxy, admit
 from guard.telemetry import CONTENT_TYPE, AccessLog, GuardMetrics, _multiprocess, make_tracing
 from guard.tokens import TokenCounter, get_counter
 
@@ -212,6 +214,7 @@ def _new_app(gateway: Gateway) -> _GuardApp:
         **kwargs,
     )
     app.gateway = gateway
+    app.proxy = AsgiProxy(gateway)
     app.state.gateway = gateway
     app.state.metrics = gateway.metrics
     app.state.context_window = context
@@ -302,12 +305,12 @@ async def _dry_run(
     gateway: Gateway, request: Request, path: str, context: ContextWindow
 ) -> Response:
     """The verdict the proxied route ``path`` would give ``request``'s body, without forwarding
-    it: the gateway's own front half (:meth:`Gateway.admit`), so it cannot differ. A caller the
+    it: the proxied path's own front half (:func:`~guard.proxy.admit`), so it cannot differ. A caller the
     route would refuse (404, 401) gets that error; a refused request is a verdict (200), with
     the context window it was judged against and where that came from."""
     ex = gateway.exchange(path)
     try:
-        admission = await gateway.admit(ex, request.scope["headers"], request.receive)
+        admission = await admit(gateway, ex, request.scope["headers"], request.receive)
     except ClientDisconnected:
         raise
     except GuardError as err:
@@ -328,11 +331,12 @@ class _GuardApp(FastAPI):
     handles every error itself, without FastAPI's middleware stack (it is the hot path)."""
 
     gateway: Gateway | None = None
+    proxy: AsgiProxy | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gateway = self.gateway
-        if gateway is not None and scope["type"] == "http" and scope["path"] not in GUARD_PATHS:
-            await gateway(scope, receive, send)
+        proxy = self.proxy
+        if proxy is not None and scope["type"] == "http" and scope["path"] not in GUARD_PATHS:
+            await proxy(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -343,6 +347,7 @@ class _Dispatch:
     def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
+        self.proxy = AsgiProxy(gateway)
         self.metrics = gateway.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -351,7 +356,7 @@ class _Dispatch:
             return
         path: str = scope["path"]
         if path not in GUARD_PATHS:  # only if called without _GuardApp in front
-            await self.gateway(scope, receive, send)
+            await self.proxy(scope, receive, send)
             return
         start = time.perf_counter()
         status = [500]

@@ -17,6 +17,7 @@ from guard.http._disconnect import (
 from guard.http._framing import (
     FramingLimits,
     RequestHead,
+    decode_body,
     inspect_head,
     read_body,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "UpstreamError",
     "UpstreamResponse",
     "configure",
+    "decode_body",
     "error_event",
     "head_refusals",
     "inspect_head",

@@ -44,6 +44,7 @@ from guard.errors import ClientDisconnected, GuardError, LimitExceeded
 __all__ = [
     "FramingLimits",
     "RequestHead",
+    "decode_body",
     "inspect_head",
     "read_body",
 ]
@@ -344,15 +345,52 @@ class _Progress:
         self.ended = False
 
 
+class _BodyDecoder:
+    """The body as it arrives, under the caps: size on the wire, then the encoding's."""
+
+    __slots__ = ("_cap", "_inflater", "_parts", "progress")
+
+    def __init__(self, head: RequestHead, limits: FramingLimits, progress: _Progress) -> None:
+        encoding = _check_encoding(head.content_encoding, limits)
+        self._cap = cap = limits.max_body_bytes
+        if head.content_length is not None and head.content_length > cap:
+            raise _too_large("body_too_large", f"the request body exceeds {cap} bytes")
+        self._inflater = _Inflater(encoding, limits) if encoding is not None else None
+        self._parts: list[bytes] = []
+        self.progress = progress
+
+    def feed(self, chunk: bytes) -> None:
+        progress = self.progress
+        progress.received += len(chunk)
+        if progress.received > self._cap:
+            raise _too_large("body_too_large", f"the request body exceeds {self._cap} bytes")
+        if self._inflater is not None:
+            self._inflater.feed(chunk)
+        else:
+            self._parts.append(chunk)
+
+    def finish(self) -> bytes:
+        if self._inflater is not None:
+            return self._inflater.finish()
+        parts = self._parts
+        if not parts:
+            return b""
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def decode_body(data: bytes, head: RequestHead, limits: FramingLimits) -> bytes:
+    """A body that arrived whole (buffered by a proxy in front, Envoy's ext_proc): the same caps
+    as :func:`read_body` (413 size, 415 encoding, inflated under its caps), returned decoded."""
+    decoder = _BodyDecoder(head, limits, _Progress())
+    if data:
+        decoder.feed(data)
+    return decoder.finish()
+
+
 async def _read(
     receive: Receive, head: RequestHead, limits: FramingLimits, progress: _Progress
 ) -> bytes:
-    encoding = _check_encoding(head.content_encoding, limits)
-    cap = limits.max_body_bytes
-    if head.content_length is not None and head.content_length > cap:
-        raise _too_large("body_too_large", f"the request body exceeds {cap} bytes")
-    inflater = _Inflater(encoding, limits) if encoding is not None else None
-    parts: list[bytes] = []
+    decoder = _BodyDecoder(head, limits, progress)
     while True:
         message = await receive()
         kind = message["type"]
@@ -364,18 +402,10 @@ async def _read(
         more = message.get("more_body", False)
         progress.ended = not more
         if chunk:
-            progress.received += len(chunk)
-            if progress.received > cap:
-                raise _too_large("body_too_large", f"the request body exceeds {cap} bytes")
-            if inflater is not None:
-                inflater.feed(chunk)
-            else:
-                parts.append(chunk)
+            decoder.feed(chunk)
         if not more:
             break
-    if inflater is not None:
-        return inflater.finish()
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    return decoder.finish()
 
 
 async def _drain(receive: Receive, head: RequestHead, budget: int, progress: _Progress) -> bool:

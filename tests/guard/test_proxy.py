@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from guard.answer import extract_usage, upstream_error_code
 from guard.checks import Mutation
-from guard.gateway import extract_usage, forward_body, upstream_error_code
+from guard.gateway import forward_body
 from guard.http import Upstream, UpstreamConfig, UpstreamError, response_headers
 from guard.http._sse_relay import DONE, SseRelay, error_event
 from guard.pipeline import evaluate_body
