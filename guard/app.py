@@ -47,7 +47,6 @@ from guard.admission import (
     ConcurrencyLimiter,
     RateLimiter,
     RedisRateLimiter,
-    make_rate_limiter,
 )
 from guard.context_window import ContextWindow
 from guard.errors import (
@@ -58,15 +57,13 @@ from guard.errors import (
     UpstreamError,
 )
 from guard.exchange import check_outcomes
-from guard.gateway import Gateway
+from guard.gateway import Gateway, build_gateway
 from guard.http import (
     Upstream,
-    head_refusals,
 )
 from guard.policy import Policy
 from guard.proxy import AsgiProxy, admit
-from guard.telemetry import CONTENT_TYPE, AccessLog, GuardMetrics, _multiprocess, make_tracing
-from guard.tokens import TokenCounter, get_counter
+from guard.telemetry import CONTENT_TYPE, AccessLog, GuardMetrics, _multiprocess
 
 __all__ = ["GUARD_PATHS", "create_app"]
 
@@ -100,63 +97,31 @@ def create_app(
     up = replace(policy.upstream, url=upstream_url) if upstream_url else policy.upstream
     if up.url is None:
         raise ValueError("no upstream: set upstream.url in the policy or pass upstream_url")
-    if limiter is None:
-        limiter = make_rate_limiter(
-            policy.rate.redis_url,
-            on_error=policy.rate.on_redis_failure,
-            op_timeout_s=policy.rate.redis_timeout_s,
-        )
-    if concurrency is None:
-        rate = policy.rate
-        concurrency = ConcurrencyLimiter(
-            per_key=rate.slot_limits,
-            global_max_concurrent=rate.global_concurrency,
-            global_max_queued=rate.queue_size,
-            queue_timeout_s=rate.queue_timeout_s,
-        )
-    gateway = Gateway(
+    upstream = Upstream(up, health_path=health_path)
+    gateway = build_gateway(
         policy,
-        upstream=Upstream(up, health_path=health_path),
+        upstream=upstream,
         limiter=limiter,
         concurrency=concurrency,
-        metrics=_metrics(limiter, concurrency, metrics_dir),
-        access_log=access_log or AccessLog(policy.observability.access_log),
-        tracing=make_tracing(tracer_provider),
-        count_tokens=_delta_counter(get_counter(policy.limits.tokens.tokenizer)),
+        tracer_provider=tracer_provider,
+        access_log=access_log,
         client_timeout_s=client_timeout_s or up.read_timeout_s,
+        metrics_dir=metrics_dir,
     )
-    app = _new_app(gateway)
+    app = _new_app(gateway, upstream)
     _add_own_routes(app, gateway)
     app.openapi = _openapi_with_proxied_routes(app, policy)  # type: ignore[method-assign]
     app.add_middleware(_Dispatch, gateway=gateway)
     return app
 
 
-def _metrics(
-    limiter: RateLimiter, slots: ConcurrencyLimiter, metrics_dir: str | None
-) -> GuardMetrics:
-    """The app's metrics, with the limiters' and the server protocol's counters exported."""
-    metrics = GuardMetrics(multiprocess_dir=metrics_dir)
-    metrics.server_rejections = head_refusals
-    metrics.export("rate", limiter.metrics.snapshot)
-    metrics.export(
-        "concurrency",
-        lambda: {
-            **slots.metrics.snapshot(),
-            "in_flight": slots.in_flight,
-            "waiting": slots.waiting,
-        },
-    )
-    return metrics
-
-
-def _new_app(gateway: Gateway) -> _GuardApp:
+def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
     """The FastAPI app in front of ``gateway``; while it runs, a Redis rate limiter's store is
     watched (a failure logged at start and whenever it changes) and, with workers, the metrics
     are copied where the other workers read them; its shutdown flushes the access log, takes
     this worker out of the metrics' live gauges and closes the upstream pool and the rate
     limiter."""
-    upstream, limiter, metrics = gateway.upstream, gateway.limiter, gateway.metrics
+    limiter, metrics = gateway.limiter, gateway.metrics
     context = ContextWindow(gateway, upstream)
 
     admin: AdminListener | None = None
@@ -167,7 +132,7 @@ def _new_app(gateway: Gateway) -> _GuardApp:
             return JSONResponse({"status": "ok"})
 
         async def readyz() -> Response:
-            return await _readiness(gateway, context)
+            return await _readiness(gateway, upstream, context)
 
         async def prometheus() -> Response:
             return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -218,6 +183,7 @@ def _new_app(gateway: Gateway) -> _GuardApp:
     app.state.gateway = gateway
     app.state.metrics = gateway.metrics
     app.state.context_window = context
+    app.state.upstream = upstream
     _install_error_handlers(app)
     return app
 
@@ -240,7 +206,7 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/readyz", summary="The next request can be served (upstream, rate limiter)")
     async def readyz() -> JSONResponse:
-        return await _readiness(gateway, app.state.context_window)
+        return await _readiness(gateway, app.state.upstream, app.state.context_window)
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus(request: Request) -> Response:
@@ -258,7 +224,7 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
         return await _dry_run(gateway, request, path, app.state.context_window)
 
 
-async def _readiness(gateway: Gateway, context: ContextWindow) -> JSONResponse:
+async def _readiness(gateway: Gateway, upstream: Upstream, context: ContextWindow) -> JSONResponse:
     """``/readyz``: 200 when the next request can be served. The upstream's health check and,
     for Redis rate limits, a PING, at once. Redis not answering makes the guard unready only
     when the policy fails closed (every request would get 503 ``rate_limiter_unavailable``);
@@ -267,9 +233,9 @@ async def _readiness(gateway: Gateway, context: ContextWindow) -> JSONResponse:
     limiter = gateway.limiter
     redis = limiter if isinstance(limiter, RedisRateLimiter) else None
     if redis is None:
-        upstream_ok, redis_ok = await gateway.upstream.ready(), True
+        upstream_ok, redis_ok = await upstream.ready(), True
     else:
-        upstream_ok, redis_ok = await asyncio.gather(gateway.upstream.ready(), redis.healthy())
+        upstream_ok, redis_ok = await asyncio.gather(upstream.ready(), redis.healthy())
     err: GuardError | None = None
     if not upstream_ok:
         err = UpstreamError("upstream_unavailable", "the upstream server is not ready", status=503)
@@ -286,19 +252,6 @@ async def _readiness(gateway: Gateway, context: ContextWindow) -> JSONResponse:
     if not redis_ok:
         body["rate_limiter"] = "failing_open"
     return JSONResponse(body)
-
-
-def _delta_counter(counter: TokenCounter) -> Callable[[str], int]:
-    """Tokens of one streamed delta; a delta too long to be one token's worth is estimated
-    (4 bytes a token) rather than tokenized, so an upstream cannot make the guard's accounting
-    expensive."""
-
-    def count(text: str) -> int:
-        if len(text) <= _MAX_TOKENIZED_DELTA:
-            return counter.count(text)
-        return max(1, len(text) // 4)
-
-    return count
 
 
 async def _dry_run(

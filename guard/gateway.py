@@ -32,11 +32,12 @@ from guard.admission import (
     RateLimiter,
     Reservation,
     Slot,
+    make_rate_limiter,
 )
 from guard.answer import Answer, RelayArgs
 from guard.errors import GuardError
 from guard.exchange import Admission, Exchange, Opened, check_outcomes
-from guard.http import Upstream, decode_body, inspect_head
+from guard.http import Upstream, decode_body, head_refusals, inspect_head
 from guard.pipeline import Verdict, check_body
 from guard.policy import ANONYMOUS_TENANT, Policy
 from guard.request_view import (
@@ -48,10 +49,19 @@ from guard.request_view import (
     route_of,
     upstream_target,
 )
-from guard.telemetry import AccessLog, GuardMetrics, RequestFields, RequestSpan, Tracing
+from guard.telemetry import (
+    AccessLog,
+    GuardMetrics,
+    RequestFields,
+    RequestSpan,
+    Tracing,
+    make_tracing,
+)
+from guard.tokens import TokenCounter, get_counter
 
-__all__ = ["Forward", "Gateway", "forward_body"]
+__all__ = ["Forward", "Gateway", "build_gateway", "forward_body"]
 
+_MAX_TOKENIZED_DELTA = 1024
 _VIEWED = frozenset(name.encode("latin-1") for name in (*KEPT_HEADERS, "authorization"))
 _NOTHING_TO_CHECK = Verdict(True)  # a GET without a body
 
@@ -119,13 +129,14 @@ def _include_usage(obj: Any) -> bool:
 
 
 class Gateway:
-    """Everything the guarded path needs, shared by all requests of one server."""
+    """Everything the guarded path needs, shared by all requests of one server. ``upstream``:
+    the client the proxy forwards with (None under Envoy, which forwards itself)."""
 
     def __init__(
         self,
         policy: Policy,
         *,
-        upstream: Upstream,
+        upstream: Upstream | None,
         limiter: RateLimiter,
         concurrency: ConcurrencyLimiter,
         metrics: GuardMetrics,
@@ -349,3 +360,77 @@ class Gateway:
                 span.set("url.path", ex.path)
             span.checks(ex.checks)
             span.end(ex.status, ex.code)
+
+
+def build_gateway(
+    policy: Policy,
+    *,
+    upstream: Upstream | None,
+    limiter: RateLimiter | None = None,
+    concurrency: ConcurrencyLimiter | None = None,
+    tracer_provider: Any = None,
+    access_log: AccessLog | None = None,
+    client_timeout_s: float | None = None,
+    metrics_dir: str | None = None,
+) -> Gateway:
+    """The gateway the policy describes. ``limiter`` defaults to the policy's (Redis when
+    ``rate.redis_url`` is set, else in memory); ``concurrency`` to its per-key and global
+    limits. ``tracer_provider`` forces OpenTelemetry spans on (tests); otherwise they follow
+    the ``OTEL_*`` environment. ``metrics_dir``: the directory the worker processes of one
+    server share (``--workers N``)."""
+    if limiter is None:
+        limiter = make_rate_limiter(
+            policy.rate.redis_url,
+            on_error=policy.rate.on_redis_failure,
+            op_timeout_s=policy.rate.redis_timeout_s,
+        )
+    if concurrency is None:
+        rate = policy.rate
+        concurrency = ConcurrencyLimiter(
+            per_key=rate.slot_limits,
+            global_max_concurrent=rate.global_concurrency,
+            global_max_queued=rate.queue_size,
+            queue_timeout_s=rate.queue_timeout_s,
+        )
+    return Gateway(
+        policy,
+        upstream=upstream,
+        limiter=limiter,
+        concurrency=concurrency,
+        metrics=_metrics(limiter, concurrency, metrics_dir),
+        access_log=access_log or AccessLog(policy.observability.access_log),
+        tracing=make_tracing(tracer_provider),
+        count_tokens=_delta_counter(get_counter(policy.limits.tokens.tokenizer)),
+        client_timeout_s=client_timeout_s or policy.upstream.read_timeout_s,
+    )
+
+
+def _metrics(
+    limiter: RateLimiter, slots: ConcurrencyLimiter, metrics_dir: str | None
+) -> GuardMetrics:
+    """The gateway's metrics, with the limiters' and the HTTP server's counters exported."""
+    metrics = GuardMetrics(multiprocess_dir=metrics_dir)
+    metrics.server_rejections = head_refusals
+    metrics.export("rate", limiter.metrics.snapshot)
+    metrics.export(
+        "concurrency",
+        lambda: {
+            **slots.metrics.snapshot(),
+            "in_flight": slots.in_flight,
+            "waiting": slots.waiting,
+        },
+    )
+    return metrics
+
+
+def _delta_counter(counter: TokenCounter) -> Callable[[str], int]:
+    """Tokens of one streamed delta; a delta too long to be one token's worth is estimated
+    (4 bytes a token) rather than tokenized, so an upstream cannot make the guard's accounting
+    expensive."""
+
+    def count(text: str) -> int:
+        if len(text) <= _MAX_TOKENIZED_DELTA:
+            return counter.count(text)
+        return max(1, len(text) // 4)
+
+    return count

@@ -220,8 +220,10 @@ class AsgiProxy:
             span.inject(extra)
         # The client's key is the guard's business when the guard has keys; else it is passed.
         auth = None if gateway.policy.keys else authorization
+        upstream = gateway.upstream
+        assert upstream is not None  # the app's gateway always has its upstream
         t_up = time.perf_counter()
-        resp = await gateway.upstream.send(
+        resp = await upstream.send(
             ex.method,
             ex.target,
             upstream_query(scope.get("query_string", b"")),

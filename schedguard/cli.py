@@ -6,6 +6,8 @@ schedguard demo [--mem-limit-mb N] [--timeout-s S] [--steady-requests N] [--json
                 [--port-base P]
 schedguard serve [--upstream URL] [--policy FILE] [--host H] [--port P] [--workers N] [--redis URL]
                  [--admin-port P [--admin-host H]]
+schedguard extproc [--host H] [--port P] [--policy FILE] [--upstream URL] [--workers N]
+                   [--admin-port P [--admin-host H]] [--redis URL]
 schedguard policy show [--policy FILE] [--json]
 schedguard load [--duration S] [--users N] [--attack-share F] [--upstream-profile P] [--out DIR]
                 [--host URL] [--no-guard] [--ui] [--json] ...
@@ -28,7 +30,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 
-from schedguard import __version__, _fuzz_cli, _load_cli
+from schedguard import __version__, _extproc_cli, _fuzz_cli, _load_cli
 from schedguard._argtypes import non_negative_int, port, positive_float, positive_int
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -40,6 +42,9 @@ EXTRAS = {
     "hypothesis": "fuzz",
     "atheris": "fuzz",
     "redis": "redis",
+    "grpc": "extproc",
+    "grpc_health": "extproc",
+    "envoy": "extproc",
     "opentelemetry": "otel",
     "outlines_core": "backends",
     "llguidance": "backends",
@@ -137,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--host", default="127.0.0.1", help="interface the servers bind")
     _add_serve(sub)
     _add_policy(sub)
+    _extproc_cli.add_parser(sub)
     _load_cli.add_parser(sub)
     _fuzz_cli.add_parser(sub)
     version = f"schedguard {__version__}"
@@ -321,6 +327,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run_serve(args)
     if args.command == "policy":
         return _run_policy(args)
+    if args.command == "extproc":
+        return _extproc_cli.run(args)
     if args.command == "load":
         return _load_cli.run(args)
     if args.command == "fuzz":
