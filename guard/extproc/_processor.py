@@ -52,7 +52,7 @@ from guard.extproc._messages import (
     pb,
 )
 from guard.gateway import Forward, Gateway
-from guard.http import HOP_BY_HOP
+from guard.http import HOP_BY_HOP, check_declared_body
 from guard.request_view import invalid_path, upstream_query
 
 __all__ = ["BODY_NOT_BUFFERED", "Exchange", "ProtocolError"]
@@ -160,6 +160,11 @@ class Exchange:
         if isinstance(opened, Admission):
             return self._refuse_admission(opened)
         self.opened = opened
+        if opened.takes_body and opened.head.has_body:
+            try:  # refused before Envoy buffers it, as the proxy does before reading it
+                check_declared_body(opened.head, gateway.framing)
+            except GuardError as err:
+                return self._refuse(err)
         if message.end_of_stream:  # no body
             admission = gateway.judge(ex, opened, b"")
             return await self._decide(admission, "request_headers")

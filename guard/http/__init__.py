@@ -17,6 +17,7 @@ from guard.http._disconnect import (
 from guard.http._framing import (
     FramingLimits,
     RequestHead,
+    check_declared_body,
     decode_body,
     inspect_head,
     read_body,
@@ -56,6 +57,7 @@ __all__ = [
     "UpstreamConfig",
     "UpstreamError",
     "UpstreamResponse",
+    "check_declared_body",
     "configure",
     "decode_body",
     "dropped_headers",

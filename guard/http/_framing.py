@@ -44,6 +44,7 @@ from guard.errors import ClientDisconnected, GuardError, LimitExceeded
 __all__ = [
     "FramingLimits",
     "RequestHead",
+    "check_declared_body",
     "decode_body",
     "inspect_head",
     "read_body",
@@ -351,10 +352,8 @@ class _BodyDecoder:
     __slots__ = ("_cap", "_inflater", "_parts", "progress")
 
     def __init__(self, head: RequestHead, limits: FramingLimits, progress: _Progress) -> None:
-        encoding = _check_encoding(head.content_encoding, limits)
-        self._cap = cap = limits.max_body_bytes
-        if head.content_length is not None and head.content_length > cap:
-            raise _too_large("body_too_large", f"the request body exceeds {cap} bytes")
+        encoding = check_declared_body(head, limits)
+        self._cap = limits.max_body_bytes
         self._inflater = _Inflater(encoding, limits) if encoding is not None else None
         self._parts: list[bytes] = []
         self.progress = progress
@@ -376,6 +375,16 @@ class _BodyDecoder:
         if not parts:
             return b""
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def check_declared_body(head: RequestHead, limits: FramingLimits) -> str | None:
+    """What the head says of the body, checked before one byte of it is read: its
+    ``Content-Encoding`` (415 unless inflated; returned) and declared length (413)."""
+    encoding = _check_encoding(head.content_encoding, limits)
+    cap = limits.max_body_bytes
+    if head.content_length is not None and head.content_length > cap:
+        raise _too_large("body_too_large", f"the request body exceeds {cap} bytes")
+    return encoding
 
 
 def decode_body(data: bytes, head: RequestHead, limits: FramingLimits) -> bytes:
