@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from guard.extproc import ExtProcOptions, serve
+from guard.gateway import Gateway
 from guard.policy import Policy
 from tests._support import REPO_ROOT, free_port
 
@@ -128,7 +129,9 @@ async def start_envoy(
     processor on ``processor``; ready (its admin says so and the listener accepts) on entry,
     killed on exit."""
     listen, admin = free_port(), free_port()
-    cfg = render_config(listen=listen, admin=admin, processor=processor, upstream=upstream, edit=edit)
+    cfg = render_config(
+        listen=listen, admin=admin, processor=processor, upstream=upstream, edit=edit
+    )
     with tempfile.TemporaryDirectory(prefix="schedguard-envoy-") as tmp:
         path = Path(tmp) / "envoy.yaml"
         path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
@@ -167,15 +170,20 @@ async def _accepts(port: int) -> bool:
 
 @contextlib.asynccontextmanager
 async def extproc_in_process(
-    policy: Policy, *, upstream: str | None = None, admin: int | None = None
+    policy: Policy,
+    *,
+    upstream: str | None = None,
+    admin: int | None = None,
+    gateway: Gateway | None = None,
 ) -> AsyncIterator[int]:
-    """``schedguard extproc`` on this event loop, on a free port (yielded) until the end."""
+    """``schedguard extproc`` on this event loop, on a free port (yielded) until the end;
+    ``gateway``: the one it serves with (default: the policy's)."""
     port = free_port()
     started = asyncio.Event()
     opts = ExtProcOptions(
         port=port, upstream=upstream, admin=None if admin is None else ("127.0.0.1", admin)
     )
-    task = asyncio.create_task(serve(policy, opts, started))
+    task = asyncio.create_task(serve(policy, opts, started, gateway))
     waiter = asyncio.create_task(started.wait())
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)

@@ -40,7 +40,7 @@ from urllib.parse import unquote
 
 from guard.admission import Reservation
 from guard.answer import Answer
-from guard.errors import GuardError
+from guard.errors import GuardError, UpstreamError
 from guard.exchange import Admission, Opened
 from guard.exchange import Exchange as Record
 from guard.extproc._messages import (
@@ -55,7 +55,7 @@ from guard.gateway import Forward, Gateway
 from guard.http import HOP_BY_HOP, check_declared_body
 from guard.request_view import invalid_path, upstream_query
 
-__all__ = ["BODY_NOT_BUFFERED", "Exchange", "ProtocolError"]
+__all__ = ["AFTER_DONE_CHUNKS", "BODY_NOT_BUFFERED", "Exchange", "ProtocolError"]
 
 _log = logging.getLogger("schedguard.guard")
 
@@ -67,6 +67,11 @@ _BUFFERED_PARTIAL = 3
 # them); every other header the proxy does not forward is removed by the answer's mutation.
 _ENVOY_OWN = HOP_BY_HOP | {"host", "content-length", "expect", "x-request-id", "accept-encoding"}
 _SSE = "text/event-stream"
+# Chunks an upstream may still send after the stream's end (the relay cut it at the output cap,
+# or its own [DONE]) before the response is reset: a server that honours the cap injected into
+# the request ends within a few (its finish chunk, usage, [DONE]).
+AFTER_DONE_CHUNKS = 16
+_OVERRAN = UpstreamError("upstream_error", "the upstream went on past the output cap")
 
 
 class ProtocolError(Exception):
@@ -95,6 +100,7 @@ class Exchange:
         self.settled = False
         self.complete = False  # the answer ended (or was refused): nothing more to do
         self.t_forward = 0.0
+        self.after_done = 0  # chunks of the upstream's after the stream's last event
 
     # ---------------------------------------------------------------------------- the loop
 
@@ -286,7 +292,18 @@ class Exchange:
                 answer.ended()
                 await self._settle(answer)
             return body_response("response_body")
-        out = b"" if answer.done else answer.relay_chunk(chunk)
+        if answer.done:
+            self.after_done += 1
+            if self.after_done > AFTER_DONE_CHUNKS:
+                # The upstream goes on past the stream's end (it ignored the output cap): Envoy
+                # cannot close a response cleanly from here, so it is reset (the client has
+                # had the last event and [DONE]); the proxy aborts the upstream instead.
+                await self._settle(answer)
+                return immediate_error(_OVERRAN, ex.request_id)
+            if message.end_of_stream:
+                await self._settle(answer)
+            return body_response("response_body", clear=True)
+        out = answer.relay_chunk(chunk)
         if message.end_of_stream:
             out += answer.ended()
         ex.bytes_out += len(out)

@@ -85,24 +85,31 @@ class ExtProcOptions:
     metrics_dir: str | None = None
 
 
-def _gateway(policy: Policy, opts: ExtProcOptions) -> tuple[Gateway, Upstream | None]:
-    upstream = None
+def _upstream(policy: Policy, opts: ExtProcOptions) -> Upstream | None:
+    """The client that asks the upstream about itself, if there is an upstream to ask."""
     if opts.upstream:
-        upstream = Upstream(replace(policy.upstream, url=opts.upstream))
-    elif policy.upstream.url:
-        upstream = Upstream(policy.upstream)
-    gateway = build_gateway(
-        policy,
-        upstream=None,  # Envoy forwards: the client is only asked about /v1/models
-        access_log=AccessLog(policy.observability.access_log, stream=sys.stderr),
-        metrics_dir=opts.metrics_dir,
-    )
-    return gateway, upstream
+        return Upstream(replace(policy.upstream, url=opts.upstream))
+    if policy.upstream.url:
+        return Upstream(policy.upstream)
+    return None
 
 
-async def serve(policy: Policy, opts: ExtProcOptions, started: asyncio.Event | None = None) -> None:
-    """Serve in this process until cancelled (or SIGINT/SIGTERM under :func:`run`)."""
-    gateway, upstream = _gateway(policy, opts)
+async def serve(
+    policy: Policy,
+    opts: ExtProcOptions,
+    started: asyncio.Event | None = None,
+    gateway: Gateway | None = None,
+) -> None:
+    """Serve in this process until cancelled (or SIGINT/SIGTERM under :func:`run`); ``started``
+    is set once serving. ``gateway``: one built by the caller (tests look into it)."""
+    upstream = _upstream(policy, opts)
+    if gateway is None:
+        gateway = build_gateway(
+            policy,
+            upstream=None,  # Envoy forwards: the upstream is only asked about /v1/models
+            access_log=AccessLog(policy.observability.access_log, stream=sys.stderr),
+            metrics_dir=opts.metrics_dir,
+        )
     largest = policy.limits.body.largest_body + _MESSAGE_SLACK
     server = grpc.aio.server(
         options=[
