@@ -159,7 +159,7 @@ class Answer:
         ``usage`` is read from its tail."""
         relay = self.relay
         if relay is None:
-            if self.status < 400:
+            if self.status < 400 and self._tail:  # (a body read whole has had its usage)
                 self.usage = extract_usage(self._tail)
             return b""
         if relay.done:

@@ -348,3 +348,18 @@ async def test_readiness_falls_back_to_models_without_a_health_path() -> None:
             assert await upstream.ready()
         finally:
             await upstream.aclose()
+
+
+def test_a_body_read_whole_keeps_its_usage_when_it_ends() -> None:
+    """A transport that hands the whole body then says it ended (Envoy's last body message)
+    settles with the body's usage, not with an empty tail's."""
+    from guard.answer import Answer
+    from guard.exchange import Exchange
+    from guard.telemetry import GuardMetrics
+
+    ex = Exchange(method="POST", route="/v1/completions", path="/v1/completions", start=0.0)
+    answer = Answer(ex, GuardMetrics(), len, {})
+    answer.start(200, False)
+    answer.whole(b'{"usage": {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}}')
+    assert answer.ended() == b""
+    assert answer.settlement(reserved=500) == 10 and ex.completion_tokens == 6
