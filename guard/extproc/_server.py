@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -153,6 +154,9 @@ async def serve(
             gateway.metrics.sync()
             tasks.append(asyncio.create_task(_sync_metrics(gateway), name="schedguard-metrics"))
         await server.start()
+        # What lives as long as the process (the policy, patterns, the tokenizer's tables) out
+        # of the cyclic collector's reach, as the proxy does at its first request.
+        gc.freeze()
         serving = True
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
