@@ -101,6 +101,7 @@ class Exchange:
         self.complete = False  # the answer ended (or was refused): nothing more to do
         self.t_forward = 0.0
         self.after_done = 0  # chunks of the upstream's after the stream's last event
+        self.admitted = False  # answered with the go-ahead: Envoy forwards it
 
     # ---------------------------------------------------------------------------- the loop
 
@@ -212,6 +213,7 @@ class Exchange:
         except UnicodeEncodeError:
             return self._refuse(invalid_path("the query string is not ASCII"))
         self.t_forward = time.perf_counter()
+        self.admitted = True
         set_headers, remove = self._request_mutations(query)
         if phase == "request_headers":
             return headers_response(phase, set_headers, remove)
@@ -348,7 +350,22 @@ class Exchange:
         ex = self.ex
         gateway = self.gateway
         try:
-            if ex is not None and not self.complete:
+            if (
+                ex is not None
+                and not self.complete
+                and self.admitted
+                and self.answer is None
+                and self.response_body_mode == _NONE
+                and self.reservation is not None
+            ):
+                # Admitted by a filter that sends no response body (and here no response
+                # headers either: the request phases only): forwarded, its answer unseen.
+                # Recorded as 200, the reservation kept as charged.
+                ex.status = 200
+                self.settled = True
+                with contextlib.suppress(Exception):
+                    await gateway.limiter.reconcile(self.reservation, self.reservation.tokens)
+            elif ex is not None and not self.complete:
                 # The exchange ended before its answer did: the client left, the upstream
                 # failed, or Envoy gave up on it.
                 ex.status, ex.code = 499, "client_disconnected"

@@ -439,8 +439,12 @@ def _mode(**mode: str) -> Callable[[dict[str, Any]], None]:
 
 @pytest.mark.parametrize(
     "mode",
-    [{"response_body_mode": "NONE"}, {"response_body_mode": "BUFFERED"}],
-    ids=["no-response-body", "buffered-response-body"],
+    [
+        {"response_body_mode": "NONE"},
+        {"response_body_mode": "BUFFERED"},
+        {"response_header_mode": "SKIP", "response_body_mode": "NONE"},
+    ],
+    ids=["no-response-body", "buffered-response-body", "request-phases-only"],
 )
 async def test_cheaper_modes_decide_the_same(tmp_path: Path, mode: dict[str, str]) -> None:
     policy = _policy(tmp_path)
@@ -457,6 +461,8 @@ async def test_cheaper_modes_decide_the_same(tmp_path: Path, mode: dict[str, str
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
     assert stream.status_code == 200 and _sse_events(stream.text)[-1] == "[DONE]"
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "n_exceeded"
+    # Every admitted request was recorded as served (none as a client that left).
+    assert not stack.gateway.metrics.aborts.get(("client_gone",))
 
 
 async def test_a_streamed_request_body_is_refused_not_forwarded_unchecked(
