@@ -40,7 +40,7 @@ from urllib.parse import unquote
 
 from guard.admission import Reservation
 from guard.answer import Answer
-from guard.errors import GuardError, UpstreamError
+from guard.errors import GuardError, Misconfigured, UpstreamError
 from guard.exchange import Admission, Opened
 from guard.exchange import Exchange as Record
 from guard.extproc._messages import (
@@ -383,8 +383,7 @@ class Exchange:
 
 
 def _not_buffered() -> GuardError:
-    return GuardError(
+    return Misconfigured(
         BODY_NOT_BUFFERED,
         "the ext_proc filter must send the request body buffered (request_body_mode: BUFFERED)",
-        status=500,
     )
