@@ -59,7 +59,7 @@ class Opened:
 
 @dataclass(slots=True)
 class Admission:
-    """What the front half decided about one request (:meth:`~guard.gateway.Gateway.admit`).
+    """What the front half decided about one request (:meth:`~guard.gateway.Gateway.judge`).
 
     ``verdict``: allowed, or refused for its framing (step ``framing``) or by a check;
     ``checked``: whether the checks ran (their timings are metrics); ``key`` and ``tenant``: the
