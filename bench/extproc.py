@@ -58,8 +58,10 @@ from bench._envoy import envoy_binary, ext_proc_filter, http_filters, render_con
 from guard.isolation import spawn_limited_server, stop_server  # noqa: E402
 
 TARGETS = {"extproc_vs_noop_32_min": 0.8, "extproc_added_p50_ms_1_max": 0.3}
-# Address space, not memory: Envoy's tcmalloc reserves its arenas in 1 GiB-aligned regions.
+# Address space, not memory: Envoy's tcmalloc reserves its arenas in 1 GiB-aligned regions, and
+# gRPC's threads (the sync server's pool) each reserve a stack and a malloc arena.
 ENVOY_MEM = 64 << 30
+PROCESSOR_MEM = 8 << 30
 ROWS = ("direct", "envoy", "noop", "noop_req", "noop_obs", "noop_sync", "extproc",
         "extproc_nobody", "proxy")  # fmt: skip
 
@@ -169,15 +171,16 @@ class Stack:
         policy.write_text(gw.BENCH_POLICY)
         noop_port, sync_port, guard_port = gw.free_port(), gw.free_port(), gw.free_port()
         noop = self._spawn("noop-aio", [py, str(ROOT / "bench" / "_noop_extproc.py"), "--port",
-                                        str(noop_port)], noop_port, "", self.layout.proxy)  # fmt: skip
+                                        str(noop_port)], noop_port, "", self.layout.proxy,
+                           PROCESSOR_MEM)  # fmt: skip
         sync = self._spawn("noop-sync", [py, str(ROOT / "bench" / "_noop_extproc.py"), "--port",
                                          str(sync_port), "--sync"], sync_port, "",
-                           self.layout.proxy)  # fmt: skip
+                           self.layout.proxy, PROCESSOR_MEM)  # fmt: skip
         extproc = self._spawn(
             "schedguard-extproc",
             [py, "-m", "schedguard", "extproc", "--port", str(guard_port), "--policy",
              str(policy), "--log-level", "warning", "--workers", str(self.workers)],
-            guard_port, "", self.layout.proxy,
+            guard_port, "", self.layout.proxy, PROCESSOR_MEM,
         )  # fmt: skip
         for server in (noop, sync, extproc):
             _tcp_ready(server.port, server.proc, server.name, 60.0)
