@@ -26,7 +26,6 @@ Every error, for any input, is an OpenAI error body with a stable ``code``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import os
 import time
@@ -63,7 +62,7 @@ from guard.http import (
 )
 from guard.policy import Policy
 from guard.proxy import AsgiProxy, admit
-from guard.telemetry import CONTENT_TYPE, AccessLog, GuardMetrics, _multiprocess
+from guard.telemetry import CONTENT_TYPE, AccessLog
 
 __all__ = ["GUARD_PATHS", "create_app"]
 
@@ -121,7 +120,7 @@ def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
     are copied where the other workers read them; its shutdown flushes the access log, takes
     this worker out of the metrics' live gauges and closes the upstream pool and the rate
     limiter."""
-    limiter, metrics = gateway.limiter, gateway.metrics
+    metrics = gateway.metrics
     context = ContextWindow(gateway, upstream)
 
     admin: AdminListener | None = None
@@ -144,26 +143,14 @@ def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
         await context.start()  # the upstream's max_model_len, when it reports one
         if admin is not None:
             await admin.start()
-        tasks: list[asyncio.Task[None]] = []
-        if isinstance(limiter, RedisRateLimiter):
-            tasks.append(asyncio.create_task(limiter.watch(), name="schedguard-redis-watch"))
-        if metrics.multiprocess_dir is not None:
-            metrics.sync()
-            tasks.append(asyncio.create_task(_sync_metrics(metrics), name="schedguard-metrics"))
         try:
-            yield
+            async with gateway.running():
+                yield
         finally:
-            for task in tasks:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
             if admin is not None:
                 await admin.stop()
             await context.stop()
-            gateway.access_log.flush()
-            metrics.close()
             await upstream.aclose()
-            await limiter.aclose()
 
     kwargs: dict[str, Any] = {}
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
@@ -186,14 +173,6 @@ def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
     app.state.upstream = upstream
     _install_error_handlers(app)
     return app
-
-
-async def _sync_metrics(metrics: GuardMetrics) -> None:
-    """Copy this worker's series for the others' scrapes, every
-    :data:`~guard.telemetry._multiprocess.SYNC_INTERVAL_S`."""
-    while True:
-        await asyncio.sleep(_multiprocess.SYNC_INTERVAL_S)
-        metrics.sync()
 
 
 def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:

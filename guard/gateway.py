@@ -17,11 +17,13 @@ ext_proc server (:mod:`guard.extproc`) are adapters around one :class:`Gateway`:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -30,6 +32,7 @@ from guard.admission import (
     ConcurrencyLimiter,
     MemoryRateLimiter,
     RateLimiter,
+    RedisRateLimiter,
     Reservation,
     Slot,
     make_rate_limiter,
@@ -57,6 +60,7 @@ from guard.telemetry import (
     Tracing,
     make_tracing,
 )
+from guard.telemetry._multiprocess import SYNC_INTERVAL_S
 from guard.tokens import TokenCounter, get_counter
 
 __all__ = ["Forward", "Gateway", "build_gateway", "forward_body"]
@@ -319,6 +323,30 @@ class Gateway:
         ex.status, ex.code = err.status, err.code
         self.metrics.rejected(err.code)
 
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """While a server serves with this gateway: a Redis rate limiter's store watched (a
+        failure logged at start and whenever it changes) and, with workers, the metrics copied
+        where the other workers read them; at the end the access log flushed, this worker taken
+        out of the metrics' live gauges and the rate limiter closed."""
+        tasks: list[asyncio.Task[None]] = []
+        limiter, metrics = self.limiter, self.metrics
+        if isinstance(limiter, RedisRateLimiter):
+            tasks.append(asyncio.create_task(limiter.watch(), name="schedguard-redis-watch"))
+        if metrics.multiprocess_dir is not None:
+            metrics.sync()
+            tasks.append(asyncio.create_task(_sync_metrics(metrics), name="schedguard-metrics"))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            self.access_log.flush()
+            metrics.close()
+            await limiter.aclose()
+
     def record(self, ex: Exchange, span: RequestSpan | None) -> None:
         """Metrics, the access line and the span's end: once per request."""
         duration = (ex.ended or time.perf_counter()) - ex.start
@@ -403,6 +431,14 @@ def build_gateway(
         count_tokens=_delta_counter(get_counter(policy.limits.tokens.tokenizer)),
         client_timeout_s=client_timeout_s or policy.upstream.read_timeout_s,
     )
+
+
+async def _sync_metrics(metrics: GuardMetrics) -> None:
+    """Copy this worker's series for the others' scrapes, every
+    :data:`~guard.telemetry._multiprocess.SYNC_INTERVAL_S`."""
+    while True:
+        await asyncio.sleep(SYNC_INTERVAL_S)
+        metrics.sync()
 
 
 def _metrics(

@@ -16,7 +16,7 @@ import sys
 from urllib.parse import urlsplit
 
 from schedguard._argtypes import port, positive_int
-from schedguard._serve import ADMIN_ENV, REDIS_ENV, _err, policy_error_text
+from schedguard._serve import ADMIN_ENV, REDIS_ENV, _err, effective_policy
 
 __all__ = ["add_parser", "run"]
 
@@ -83,37 +83,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from guard.policy import PolicyError, load_policy
     from guard.server import POLICY_ENV
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     if args.upstream is not None and urlsplit(args.upstream).scheme not in ("http", "https"):
         _err("--upstream: must be an http:// or https:// URL", "extproc")
         return 2
-    overrides: dict[str, str] = {}
-    flags: dict[str, str] = {}
-    if args.policy is not None:
-        overrides[POLICY_ENV] = args.policy
     admin = None
     if args.admin_port is not None:
         host = args.admin_host
         admin = f"[{host}]:{args.admin_port}" if ":" in host else f"{host}:{args.admin_port}"
-    for var, flag, value in ((REDIS_ENV, "--redis", args.redis),
-                             (ADMIN_ENV, "--admin-port", admin)):  # fmt: skip
-        if value is not None:
-            overrides[var], flags[var] = value, flag
-    env = {**os.environ, **overrides}
-    try:
-        policy = load_policy(env.get(POLICY_ENV) or None, env)
-    except PolicyError as exc:
-        _err(policy_error_text(exc, flags, args.policy), "extproc")
+    flagged = ((REDIS_ENV, "--redis", args.redis), (ADMIN_ENV, "--admin-port", admin))
+    policy = effective_policy(args.policy, flagged, "extproc")
+    if policy is None:
         return 2
-    if policy.rate.redis_url is not None and importlib.util.find_spec("redis") is None:
-        raise ModuleNotFoundError("No module named 'redis'", name="redis")
     for module in ("grpc", "grpc_health", "envoy"):
         if importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(f"No module named {module!r}", name=module)
-    os.environ.update(overrides)  # the workers load the same policy
     from guard.extproc import ExtProcOptions
     from guard.extproc import run as run_extproc
 
@@ -132,5 +118,5 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    run_extproc(policy, opts, env.get(POLICY_ENV) or None)
+    run_extproc(policy, opts, os.environ.get(POLICY_ENV) or None)
     return 0

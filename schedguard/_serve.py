@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,7 @@ import yaml
 from schedguard._servers import RunningServer, ServerSpec, ServerStartError, free_port
 
 if TYPE_CHECKING:
-    from guard.policy import PolicyError
+    from guard.policy import Policy, PolicyError
 
 UPSTREAM_ENV = "SCHEDGUARD_UPSTREAM__URL"
 REDIS_ENV = "SCHEDGUARD_RATE__REDIS_URL"
@@ -83,6 +83,38 @@ def policy_error_text(
     return "\n".join(named)
 
 
+def effective_policy(
+    policy_path: str | None,
+    flagged: Iterable[tuple[str, str, str | None]],
+    command: str,
+) -> Policy | None:
+    """The policy a command's flags make: each ``(variable, flag, value)`` with a value becomes
+    that ``SCHEDGUARD_*`` override, validated with the file's; a problem is printed naming the
+    flag that caused it (None is returned). The overrides are then put in this process's
+    environment, so that worker processes load the same policy."""
+    from guard.policy import PolicyError, load_policy
+    from guard.server import POLICY_ENV
+
+    overrides: dict[str, str] = {}
+    flags: dict[str, str] = {}  # variable -> the flag that set it
+    if policy_path is not None:
+        overrides[POLICY_ENV] = policy_path
+    for var, flag, value in flagged:
+        if value is not None:
+            overrides[var], flags[var] = value, flag
+    env = {**os.environ, **overrides}
+    try:
+        policy = load_policy(env.get(POLICY_ENV) or None, env)
+    except PolicyError as exc:
+        _err(policy_error_text(exc, flags, policy_path), command)
+        return None
+    if policy.rate.redis_url is not None and importlib.util.find_spec("redis") is None:
+        # Said before anything starts (the CLI turns this into one line naming the extra).
+        raise ModuleNotFoundError("No module named 'redis'", name="redis")
+    os.environ.update(overrides)  # the workers load the same policy
+    return policy
+
+
 def start_embedded_upstream(mem_limit_bytes: int, host: str = "127.0.0.1") -> RunningServer:
     """The reference scheduler (hardened) as a child process on a free port, ready."""
     from schedguard._servers import schedguard_argv
@@ -113,28 +145,15 @@ def start_embedded_upstream(mem_limit_bytes: int, host: str = "127.0.0.1") -> Ru
 
 
 def serve(opts: ServeOptions) -> int:
-    from guard.policy import PolicyError, load_policy
+    from guard.policy import load_policy
     from guard.server import POLICY_ENV, run
 
-    overrides: dict[str, str] = {}
-    flags: dict[str, str] = {}  # variable -> the flag that set it
-    if opts.policy_path is not None:
-        overrides[POLICY_ENV] = opts.policy_path
-    for var, flag, value in ((UPSTREAM_ENV, "--upstream", opts.upstream),
-                             (REDIS_ENV, "--redis", opts.redis_url),
-                             (ADMIN_ENV, "--admin-port", opts.admin_listen)):  # fmt: skip
-        if value is not None:
-            overrides[var], flags[var] = value, flag
-    env = {**os.environ, **overrides}
-    try:
-        policy = load_policy(env.get(POLICY_ENV) or None, env)
-    except PolicyError as exc:
-        _err(policy_error_text(exc, flags, opts.policy_path))
+    flagged = ((UPSTREAM_ENV, "--upstream", opts.upstream),
+               (REDIS_ENV, "--redis", opts.redis_url),
+               (ADMIN_ENV, "--admin-port", opts.admin_listen))  # fmt: skip
+    policy = effective_policy(opts.policy_path, flagged, "serve")
+    if policy is None:
         return 2
-    if policy.rate.redis_url is not None and importlib.util.find_spec("redis") is None:
-        # Said before anything starts (the CLI turns this into one line naming the extra).
-        raise ModuleNotFoundError("No module named 'redis'", name="redis")
-    os.environ.update(overrides)  # the workers load the same policy
     embedded: RunningServer | None = None
     try:
         if policy.upstream.url is None:

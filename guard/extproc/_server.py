@@ -126,7 +126,7 @@ async def serve(
     if bound == 0:
         raise OSError(f"cannot bind {opts.host}:{opts.port}")
     context = ContextWindow(gateway, upstream) if upstream is not None else None
-    serving = False
+    serving = asyncio.Event()
 
     async def healthz() -> Response:
         return JSONResponse({"status": "ok"})
@@ -141,23 +141,36 @@ async def serve(
     listen = opts.admin or gateway.policy.admin.listen_address
     if listen is not None:
         admin = AdminListener(admin_app(healthz, readyz, prometheus), *listen)
-    tasks: list[asyncio.Task[None]] = []
     try:
         if context is not None:
             await context.start()
         if admin is not None:
             await admin.start()
-        limiter = gateway.limiter
-        if isinstance(limiter, RedisRateLimiter):
-            tasks.append(asyncio.create_task(limiter.watch(), name="schedguard-redis-watch"))
-        if gateway.metrics.multiprocess_dir is not None:
-            gateway.metrics.sync()
-            tasks.append(asyncio.create_task(_sync_metrics(gateway), name="schedguard-metrics"))
+        async with gateway.running():
+            await _serve(server, health_servicer, opts, serving, started)
+    finally:
+        if admin is not None:
+            await admin.stop()
+        if context is not None:
+            await context.stop()
+        if upstream is not None:
+            await upstream.aclose()
+
+
+async def _serve(
+    server: Any,
+    health_servicer: Any,
+    opts: ExtProcOptions,
+    serving: asyncio.Event,
+    started: asyncio.Event | None,
+) -> None:
+    """Run the gRPC server until cancelled; ``serving`` while it does (``/readyz``)."""
+    try:
         await server.start()
         # What lives as long as the process (the policy, patterns, the tokenizer's tables) out
         # of the cyclic collector's reach, as the proxy does at its first request.
         gc.freeze()
-        serving = True
+        serving.set()
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         _log.info("schedguard extproc: serving %s on %s:%d", SERVICE, opts.host, opts.port)
@@ -165,37 +178,18 @@ async def serve(
             started.set()
         await server.wait_for_termination()
     finally:
-        serving = False
+        serving.clear()
         with contextlib.suppress(Exception):
             await health_servicer.enter_graceful_shutdown()
         await server.stop(_GRACE_S)
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-        if admin is not None:
-            await admin.stop()
-        if context is not None:
-            await context.stop()
-        if upstream is not None:
-            await upstream.aclose()
-        gateway.access_log.flush()
-        gateway.metrics.close()
-        await gateway.limiter.aclose()
 
 
-async def _sync_metrics(gateway: Gateway) -> None:
-    from guard.telemetry._multiprocess import SYNC_INTERVAL_S
-
-    while True:
-        await asyncio.sleep(SYNC_INTERVAL_S)
-        gateway.metrics.sync()
-
-
-async def _readiness(gateway: Gateway, context: ContextWindow | None, serving: bool) -> Response:
+async def _readiness(
+    gateway: Gateway, context: ContextWindow | None, serving: asyncio.Event
+) -> Response:
     """200 when the processor serves and its rate limiter can decide (a Redis that fails
     closed answers); the context window in force, as the proxy's ``/readyz`` says it."""
-    if not serving:
+    if not serving.is_set():
         return JSONResponse({"status": "starting"}, status_code=503)
     limiter = gateway.limiter
     body: dict[str, Any] = {"status": "ready"}
