@@ -165,3 +165,56 @@ async def test_health_service_and_readyz(processor: tuple[int, Gateway, int]) ->
         metrics = await client.get("/metrics")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
     assert metrics.status_code == 200 and "schedguard_guard_requests" in metrics.text
+
+
+async def test_workers_serve_one_port_and_stop_on_sigterm(tmp_path: Any) -> None:
+    """``schedguard extproc --workers 2``: both processes serve the port (SO_REUSEPORT); SIGTERM
+    stops them all."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests._support import live_descendants
+
+    port = free_port()
+    argv = [sys.executable, "-m", "schedguard", "extproc", "--port", str(port), "--workers", "2",
+            "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        serving = False
+        for _ in range(300):  # the workers' start-up (spawned interpreters)
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    answer = await health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(service=SERVICE), timeout=1.0
+                    )
+                serving = answer.status == health_pb2.HealthCheckResponse.SERVING
+            except grpc.aio.AioRpcError:
+                serving = False
+            if serving and len(live_descendants()) >= 3:  # the parent and its two workers
+                break
+            await asyncio.sleep(0.1)
+        assert serving
+        for _ in range(4):  # new connections, spread by the kernel
+            answers, code = await _exchange(
+                port,
+                [
+                    pb.ProcessingRequest(request_headers=_headers(REQUEST)),
+                    pb.ProcessingRequest(request_body=pb.HttpBody(body=BODY, end_of_stream=True)),
+                ],
+            )
+            assert (
+                code == grpc.StatusCode.OK and answers[1].WhichOneof("response") == "request_body"
+            )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    for _ in range(100):
+        if not live_descendants():
+            break
+        await asyncio.sleep(0.05)
+    assert not live_descendants()
