@@ -52,7 +52,7 @@ from guard.extproc._messages import (
     pb,
 )
 from guard.gateway import Forward, Gateway
-from guard.http import HOP_BY_HOP, check_declared_body
+from guard.http import HOP_BY_HOP, check_declared_body, usable_request_id
 from guard.request_view import invalid_path, upstream_query
 
 __all__ = ["AFTER_DONE_CHUNKS", "BODY_NOT_BUFFERED", "Exchange", "ProtocolError"]
@@ -67,6 +67,10 @@ _BUFFERED_PARTIAL = 3
 # them); every other header the proxy does not forward is removed by the answer's mutation.
 _ENVOY_OWN = HOP_BY_HOP | {"host", "content-length", "expect", "x-request-id", "accept-encoding"}
 _SSE = "text/event-stream"
+# Headers Envoy's connection manager adds before the filters run: not the client's, so not
+# counted against its header caps (the proxy never sees them). Its x-request-id too (it
+# replaces a client's by default), which names the exchange instead.
+_ENVOY_ADDED = frozenset({b"x-forwarded-proto", b"x-envoy-internal"})
 # Chunks an upstream may still send after the stream's end (the relay cut it at the output cap,
 # or its own [DONE]) before the response is reset: a server that honours the cap injected into
 # the request ends within a few (its finish chunk, usage, [DONE]).
@@ -145,10 +149,13 @@ class Exchange:
             raise ProtocolError("request headers twice")
         pseudo: dict[bytes, bytes] = {}
         headers: Headers = []
+        request_id = b""
         for name, value in headers_of(message.headers):
             if name.startswith(b":"):
                 pseudo[name] = value
-            else:
+            elif name == b"x-request-id":
+                request_id = value  # Envoy's (it sets one on every request it receives)
+            elif name not in _ENVOY_ADDED:
                 headers.append((name, value))
         if b":authority" in pseudo:  # HTTP/1.1's Host, as the proxy's server counts it
             headers.insert(0, (b"host", pseudo[b":authority"]))
@@ -160,10 +167,13 @@ class Exchange:
         gateway = self.gateway
         self.ex = ex = gateway.exchange(path, method)
         self.request_headers = headers
+        envoy_id = usable_request_id(request_id) if request_id else None
         try:
             opened = gateway.open(ex, headers)
         except GuardError as err:
+            ex.request_id = envoy_id or ex.request_id
             return self._refuse(err)
+        ex.request_id = envoy_id or ex.request_id  # the one Envoy logs too
         if isinstance(opened, Admission):
             return self._refuse_admission(opened)
         self.opened = opened

@@ -21,6 +21,7 @@ from guard.http._framing import (
     decode_body,
     inspect_head,
     read_body,
+    usable_request_id,
 )
 from guard.http._protocol import (
     configure,
@@ -71,4 +72,5 @@ __all__ = [
     "response_headers",
     "serves_vllm",
     "upstream_kind_of",
+    "usable_request_id",
 ]

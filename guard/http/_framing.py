@@ -48,6 +48,7 @@ __all__ = [
     "decode_body",
     "inspect_head",
     "read_body",
+    "usable_request_id",
 ]
 
 EncodingPolicy = Literal["refuse", "inflate"]
@@ -185,7 +186,7 @@ def inspect_head(headers: Iterable[tuple[bytes, bytes]], limits: FramingLimits) 
         elif name == b"authorization":
             authorization = value.decode("latin-1")
         elif name == b"x-request-id":
-            request_id = _usable_request_id(value)
+            request_id = usable_request_id(value)
         elif name == b"content-type":
             content_type = value.decode("latin-1")
         elif name == b"transfer-encoding":
@@ -215,7 +216,8 @@ def _merge_encoding(previous: str | None, value: bytes) -> str:
     return text
 
 
-def _usable_request_id(value: bytes) -> str | None:
+def usable_request_id(value: bytes) -> str | None:
+    """``value`` as a request id when it is short printable ASCII without spaces, else None."""
     # Echoed in responses and logs: only short printable ASCII without spaces.
     if not 0 < len(value) <= MAX_REQUEST_ID_BYTES:
         return None

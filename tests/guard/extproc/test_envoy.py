@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -476,3 +477,37 @@ async def test_a_streamed_request_body_is_refused_not_forwarded_unchecked(
     assert resp.status_code == 500
     assert resp.json()["error"]["code"] == "extproc_body_not_buffered"
     assert not stack.fake.received
+
+
+def _status_with_headers(url: str, count: int) -> int | None:
+    """The status of a chat request whose head has ``count`` headers in all (host included)."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(CHAT).encode()
+    lines = ["POST /v1/chat/completions HTTP/1.1", f"host: {host}:{port}",
+             "content-type: application/json", f"content-length: {len(body)}",
+             f"authorization: Bearer {MAIN_KEY}"]  # fmt: skip
+    lines += [f"x-pad-{i}: {i}" for i in range(count - len(lines) + 1)]
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        head = sock.recv(64)
+    parts = head.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+async def test_the_header_count_cap_is_the_same_at_its_boundary(tmp_path: Path) -> None:
+    """Envoy's own headers (x-forwarded-proto, its x-request-id) are not the client's: a head
+    at the policy's cap passes both paths and one more header is refused by both. (Hop-by-hop
+    headers Envoy's codec consumes, such as ``connection``, never reach the processor, so they
+    are not counted through Envoy.)"""
+    policy = _policy(tmp_path)
+    cap = policy.limits.body.max_header_count
+    async with envoy_stack(policy) as stack:
+        async with serve(create_app(policy, upstream_url=stack.fake.url)) as proxy_url:
+            got = {
+                (name, count): await asyncio.to_thread(_status_with_headers, url, count)
+                for name, url in (("proxy", proxy_url), ("envoy", stack.envoy.url))
+                for count in (cap, cap + 1)
+            }
+        await _settled(stack.gateway)
+    assert got[("proxy", cap)] == got[("envoy", cap)] == 200, got
+    assert got[("proxy", cap + 1)] == got[("envoy", cap + 1)] == 431, got
