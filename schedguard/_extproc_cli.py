@@ -99,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for module in ("grpc", "grpc_health", "envoy"):
         if importlib.util.find_spec(module) is None:
-            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+            # Said as grpc's: the extproc extra brings all three (grpcio-health-checking and
+            # xds-protos with it), and the CLI names that extra.
+            raise ModuleNotFoundError(f"No module named {module!r}", name="grpc")
     from guard.extproc import ExtProcOptions
     from guard.extproc import run as run_extproc
 

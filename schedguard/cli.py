@@ -42,9 +42,7 @@ EXTRAS = {
     "hypothesis": "fuzz",
     "atheris": "fuzz",
     "redis": "redis",
-    "grpc": "extproc",
-    "grpc_health": "extproc",
-    "envoy": "extproc",
+    "grpc": "extproc",  # with grpcio-health-checking and xds-protos
     "opentelemetry": "otel",
     "outlines_core": "backends",
     "llguidance": "backends",

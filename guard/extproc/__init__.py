@@ -7,14 +7,14 @@ docs/deploy/envoy/ for Envoy's configuration.
 
 from __future__ import annotations
 
-from guard.extproc._processor import BODY_NOT_BUFFERED, Exchange, ProtocolError
+from guard.extproc._processor import BODY_NOT_BUFFERED, ExtProcStream, ProtocolError
 from guard.extproc._server import SERVICE, ExternalProcessor, ExtProcOptions, run, serve
 
 __all__ = [
     "BODY_NOT_BUFFERED",
     "SERVICE",
-    "Exchange",
     "ExtProcOptions",
+    "ExtProcStream",
     "ExternalProcessor",
     "ProtocolError",
     "run",

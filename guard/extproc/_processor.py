@@ -3,7 +3,7 @@
 Envoy opens one ``Process`` stream per HTTP request and sends, as its processing mode says,
 the request headers, the request body, the response headers and the response body; every
 message is answered (unless the filter runs in ``observability_mode``) before Envoy goes on.
-:class:`Exchange` is that conversation as a state machine around the same
+:class:`ExtProcStream` is that conversation as a state machine around the same
 :class:`~guard.gateway.Gateway` the proxy uses:
 
 - request headers: :meth:`Gateway.open` (header caps, route, method, key); a refusal is an
@@ -41,8 +41,7 @@ from urllib.parse import unquote
 from guard.admission import Reservation
 from guard.answer import Answer
 from guard.errors import GuardError, Misconfigured, UpstreamError
-from guard.exchange import Admission, Opened
-from guard.exchange import Exchange as Record
+from guard.exchange import Admission, Exchange, Opened
 from guard.extproc._messages import (
     Headers,
     body_response,
@@ -55,7 +54,7 @@ from guard.gateway import Forward, Gateway
 from guard.http import HOP_BY_HOP, check_declared_body, usable_request_id
 from guard.request_view import invalid_path, upstream_query
 
-__all__ = ["AFTER_DONE_CHUNKS", "BODY_NOT_BUFFERED", "Exchange", "ProtocolError"]
+__all__ = ["AFTER_DONE_CHUNKS", "BODY_NOT_BUFFERED", "ExtProcStream", "ProtocolError"]
 
 _log = logging.getLogger("schedguard.guard")
 
@@ -82,13 +81,13 @@ class ProtocolError(Exception):
     """Envoy's side of the stream broke the ext_proc protocol (a message out of order)."""
 
 
-class Exchange:
+class ExtProcStream:
     """The processor's side of one ``Process`` stream."""
 
     def __init__(self, gateway: Gateway, dropped: frozenset[bytes]) -> None:
         self.gateway = gateway
         self.dropped = dropped  # request headers the upstream is not sent
-        self.ex: Record | None = None
+        self.ex: Exchange | None = None
         self.opened: Opened | None = None
         self.admission: Admission | None = None
         self.forward: Forward | None = None

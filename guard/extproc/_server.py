@@ -38,7 +38,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from guard.admin import AdminListener, admin_app
 from guard.admission import RedisRateLimiter
 from guard.context_window import ContextWindow
-from guard.extproc._processor import Exchange, ProtocolError
+from guard.extproc._processor import ExtProcStream, ProtocolError
 from guard.gateway import Gateway, build_gateway
 from guard.http import Upstream, dropped_headers
 from guard.policy import Policy, load_policy
@@ -63,7 +63,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.dropped = dropped_headers(gateway.policy.upstream)
 
     async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        exchange = Exchange(self.gateway, self.dropped)
+        exchange = ExtProcStream(self.gateway, self.dropped)
         try:
             async for answer in exchange.run(requests):
                 yield answer
