@@ -16,7 +16,6 @@ import sys
 from urllib.parse import urlsplit
 
 from schedguard._argtypes import port, positive_int
-from schedguard._serve import ADMIN_ENV, REDIS_ENV, _err, effective_policy
 
 __all__ = ["add_parser", "run"]
 
@@ -84,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from guard.server import POLICY_ENV
+    from schedguard._serve import ADMIN_ENV, REDIS_ENV, _err, effective_policy
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     if args.upstream is not None and urlsplit(args.upstream).scheme not in ("http", "https"):
