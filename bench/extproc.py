@@ -329,7 +329,7 @@ def _workdir() -> Iterator[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    binary = args.wrk or shutil.which("wrk")
+    binary = shutil.which(args.wrk or "wrk")
     if binary is None:
         print(gw.WRK_MISSING.replace("bench/gateway.py", "bench/extproc.py"), file=sys.stderr)
         return 2
