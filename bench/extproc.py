@@ -94,7 +94,11 @@ def _observed_response(cfg: dict[str, Any]) -> None:
         response_header_mode="SKIP", response_body_mode="NONE"
     )
     second = json.loads(json.dumps(first))
+    second["name"] = "envoy.filters.http.ext_proc/observe"
     second["typed_config"]["observability_mode"] = True
+    # Envoy keeps an observed stream open this long after its last message (default 5 s):
+    # under load that is thousands of idle streams, past the gRPC cluster's circuit breaker.
+    second["typed_config"]["deferred_close_timeout"] = "0.2s"
     second["typed_config"]["processing_mode"] = {
         "request_header_mode": "SKIP",
         "request_body_mode": "NONE",
