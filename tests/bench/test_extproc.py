@@ -47,7 +47,7 @@ def test_without_wrk_it_says_how_to_install_it(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 def test_quick_run_of_every_row_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "extproc.json"
-    result = _run(["--quick", "--connections", "1", "4", "--json", str(out)], TIMEOUT_S)
+    result = _run(["--quick", "--connections", "2", "--json", str(out)], TIMEOUT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert {"config", "targets", "levels", "verdict", "load"} <= set(report)
