@@ -35,17 +35,30 @@ _JSON = "application/json"
 
 def headers_of(header_map: Any) -> Headers:
     """``(name, value)`` pairs of an Envoy ``HeaderMap``, pseudo-headers included."""
-    return [
-        (h.key.encode("latin-1"), h.raw_value if h.raw_value else h.value.encode("latin-1"))
-        for h in header_map.headers
-    ]
+    out: Headers = []
+    for h in header_map.headers:
+        raw = h.raw_value
+        out.append((h.key.encode("latin-1"), raw if raw else h.value.encode("latin-1")))
+    return out
 
 
-def _option(name: str, value: str) -> Any:
+def _build_option(name: str, value: str) -> Any:
     return base_pb2.HeaderValueOption(
         header=base_pb2.HeaderValue(key=name, raw_value=value.encode("latin-1")),
         append_action=_OVERWRITE,
     )
+
+
+# The header values that repeat (accept-encoding: identity, x-accel-buffering: no) are built once.
+_CONSTANT_OPTIONS = {
+    (name, value): _build_option(name, value)
+    for name, value in (("accept-encoding", "identity"), ("x-accel-buffering", "no"))
+}
+
+
+def _option(name: str, value: str) -> Any:
+    option = _CONSTANT_OPTIONS.get((name, value))
+    return option if option is not None else _build_option(name, value)
 
 
 def header_mutation(set_headers: Iterable[tuple[str, str]] = (), remove: Sequence[str] = ()) -> Any:

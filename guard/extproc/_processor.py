@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote
 
-from guard.admission import Reservation
+from guard.admission import Reservation, Slot
 from guard.answer import Answer
 from guard.errors import GuardError, Misconfigured, UpstreamError
 from guard.exchange import Admission, Exchange, Opened
@@ -93,7 +93,7 @@ class ExtProcStream:
         self.forward: Forward | None = None
         self.reservation: Reservation | None = None
         self.answer: Answer | None = None
-        self.slot = contextlib.AsyncExitStack()
+        self.slot: Slot | None = None  # held from admission to the end of the answer
         self.query = ""
         self.request_headers: Headers = []
         # As the first message's protocol_config says (None: an Envoy that does not say).
@@ -215,7 +215,9 @@ class ExtProcStream:
             forward = self.forward = gateway.prepare(ex, admission)
             self.reservation = await gateway.reserve(ex, admission, forward.tokens)
             t_queue = time.perf_counter()
-            await self.slot.enter_async_context(gateway.slot(admission))
+            slot = gateway.slot(admission)
+            await slot.__aenter__()
+            self.slot = slot
             gateway.queued(ex, t_queue)
         except GuardError as err:
             return self._refuse(err)
@@ -265,11 +267,13 @@ class ExtProcStream:
             return headers_response("response_headers")
         status = 0
         content_type = ""
-        for name, value in headers_of(message.headers):
-            if name == b":status":
-                status = int(value) if value.isdigit() else 0
-            elif name == b"content-type":
-                content_type = value.decode("latin-1").lower()
+        for h in message.headers.headers:  # only two of them are read
+            key = h.key
+            if key == ":status":
+                raw = h.raw_value or h.value.encode("latin-1")
+                status = int(raw) if raw.isdigit() else 0
+            elif key == "content-type":
+                content_type = (h.raw_value or h.value.encode("latin-1")).decode("latin-1").lower()
         gateway = self.gateway
         ex.upstream_s = time.perf_counter() - self.t_forward
         gateway.metrics.upstream_answered(ex.route, ex.upstream_s)
@@ -334,7 +338,12 @@ class ExtProcStream:
         self.complete = True
         self.settled = True
         await self.gateway.settle(answer, self.reservation)
-        await self.slot.aclose()
+        await self._free_slot()
+
+    async def _free_slot(self) -> None:
+        slot, self.slot = self.slot, None
+        if slot is not None:
+            await slot.__aexit__(None, None, None)
 
     # ---------------------------------------------------------------------------- refusals
 
@@ -386,7 +395,7 @@ class ExtProcStream:
                 with contextlib.suppress(Exception):
                     await gateway.settle_unfinished(ex, self.reservation)  # type: ignore[arg-type]
         finally:
-            await self.slot.aclose()
+            await self._free_slot()
             if ex is not None:
                 gateway.record(ex, None)
 
