@@ -68,6 +68,10 @@ __all__ = ["Forward", "Gateway", "build_gateway", "forward_body"]
 _MAX_TOKENIZED_DELTA = 1024
 _VIEWED = frozenset(name.encode("latin-1") for name in (*KEPT_HEADERS, "authorization"))
 _NOTHING_TO_CHECK = Verdict(True)  # a GET without a body
+_WARM_UP_BODIES = (
+    ("/v1/chat/completions", b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'),
+    ("/v1/completions", b'{"model":"m","prompt":"hi","response_format":{"type":"json_object"}}'),
+)
 
 
 @dataclass(slots=True)
@@ -243,6 +247,15 @@ class Gateway:
             if traced:
                 ex.checks = check_outcomes(admission.verdict)
             self.metrics.checks_ran(admission.verdict.durations)
+
+    def warm_up(self) -> None:
+        """Judge a few typical bodies once, so that what loads on first use (the tokenizer's
+        tables, the JSON reader's and the checks' lazy parts) is in place before the first
+        request: behind Envoy its first answer is timed (``message_timeout``)."""
+        for path, body in _WARM_UP_BODIES:
+            if path in self.routes:
+                check_body(body, path, [], None, self.policy)
+        self.count_tokens("warm up")
 
     # ---------------------------------------------------------------------- admitted: costs
 

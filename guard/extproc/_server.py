@@ -111,6 +111,7 @@ async def serve(
             access_log=AccessLog(policy.observability.access_log, stream=sys.stderr),
             metrics_dir=opts.metrics_dir,
         )
+    gateway.warm_up()
     largest = policy.limits.body.largest_body + _MESSAGE_SLACK
     server = grpc.aio.server(
         options=[
