@@ -15,7 +15,40 @@ import httpx
 
 from payloads.loader import Payload, Transport
 
-__all__ = ["Answer", "send", "send_raw"]
+__all__ = ["FLOOD_KEYS", "MAIN_KEY", "Answer", "corpus_policy", "send", "send_raw"]
+
+MAIN_KEY = "sk-corpus-main-000001"
+# The key each flood payload is sent under: small limits of the kind its code names.
+FLOOD_KEYS = {
+    "rate_limited_requests": "sk-corpus-flood-requests",
+    "rate_limited_tokens": "sk-corpus-flood-tokens",
+    "concurrency_limited": "sk-corpus-flood-streams",
+}
+
+
+def corpus_policy(body_read_timeout_s: float, head: str = "") -> str:
+    """The corpus runs' policy: one unlimited key for the single payloads, one small-limit key
+    per flood, no queue (a request over its key's concurrency is refused at once), slow bodies
+    timed out after ``body_read_timeout_s``; ``head``: more top-level sections first."""
+    return f"""{head}
+limits:
+  body: {{body_read_timeout_s: {body_read_timeout_s}}}
+rate:
+  queue_size: 0
+keys:
+  - key: {MAIN_KEY}
+    tenant: corpus
+    rate: {{requests_per_minute: null, tokens_per_minute: null, burst: 100000}}
+  - key: {FLOOD_KEYS["rate_limited_requests"]}
+    tenant: flood-requests
+    rate: {{requests_per_minute: 6, burst: 3, tokens_per_minute: null}}
+  - key: {FLOOD_KEYS["rate_limited_tokens"]}
+    tenant: flood-tokens
+    rate: {{requests_per_minute: null, tokens_per_minute: 40000}}
+  - key: {FLOOD_KEYS["concurrency_limited"]}
+    tenant: flood-streams
+    rate: {{requests_per_minute: null, tokens_per_minute: null, per_key_concurrency: 1}}
+"""
 
 
 @dataclass(frozen=True)

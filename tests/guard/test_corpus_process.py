@@ -24,38 +24,13 @@ import pytest
 from payloads.loader import Payload, load_corpus
 from schedguard._servers import RunningServer
 from schedguard.demo import ref_server
-from tests._corpus_client import Answer, send, send_raw
+from tests._corpus_client import FLOOD_KEYS, MAIN_KEY, Answer, corpus_policy, send, send_raw
 from tests._guard_process import guard_spec, start
 
 MiB = 1 << 20
 MAX_UPSTREAM_GROWTH = 48 * MiB  # "a few tens of MB": allocator arenas, caches; not the payloads
 
-MAIN_KEY = "sk-corpus-main-000001"
-FLOOD_KEYS = {
-    "rate_limited_requests": "sk-corpus-flood-requests",
-    "rate_limited_tokens": "sk-corpus-flood-tokens",
-    "concurrency_limited": "sk-corpus-flood-streams",
-}
-POLICY = f"""
-upstream: {{read_timeout_s: 15, total_timeout_s: 20}}
-limits:
-  body: {{body_read_timeout_s: 1.0}}
-rate:
-  queue_size: 0  # a request over its key's concurrency is refused at once, never queued
-keys:
-  - key: {MAIN_KEY}
-    tenant: corpus
-    rate: {{requests_per_minute: null, tokens_per_minute: null, burst: 100000}}
-  - key: {FLOOD_KEYS["rate_limited_requests"]}
-    tenant: flood-requests
-    rate: {{requests_per_minute: 6, burst: 3, tokens_per_minute: null}}
-  - key: {FLOOD_KEYS["rate_limited_tokens"]}
-    tenant: flood-tokens
-    rate: {{requests_per_minute: null, tokens_per_minute: 40000}}
-  - key: {FLOOD_KEYS["concurrency_limited"]}
-    tenant: flood-streams
-    rate: {{requests_per_minute: null, tokens_per_minute: null, per_key_concurrency: 1}}
-"""
+POLICY = corpus_policy(1.0, "upstream: {read_timeout_s: 15, total_timeout_s: 20}")
 
 CORPUS = load_corpus()
 SINGLE = [p for p in CORPUS if "flood" not in p.tags]

@@ -31,42 +31,15 @@ from guard.app import create_app
 from guard.gateway import Gateway, build_gateway
 from guard.policy import Policy, load_policy
 from payloads.loader import Payload, load_corpus
-from tests._corpus_client import Answer, send, send_raw
+from tests._corpus_client import FLOOD_KEYS, MAIN_KEY, Answer, corpus_policy, send, send_raw
 from tests._envoy import EnvoyProcess, ext_proc_filter, extproc_in_process, start_envoy
 from tests._guard_harness import FakeUpstream, fake_upstream, serve
 from tests._support import free_port
 
 pytestmark = pytest.mark.timeout(600)
 
-MAIN_KEY = "sk-envoy-main-000001"
-FLOOD_KEYS = {
-    "rate_limited_requests": "sk-envoy-flood-requests",
-    "rate_limited_tokens": "sk-envoy-flood-tokens",
-    "concurrency_limited": "sk-envoy-flood-streams",
-}
 SLOW_KEY = "sk-envoy-one-at-a-time"
-POLICY = f"""
-limits:
-  body: {{body_read_timeout_s: 2.0}}
-rate:
-  queue_size: 0
-keys:
-  - key: {MAIN_KEY}
-    tenant: corpus
-    rate: {{requests_per_minute: null, tokens_per_minute: null, burst: 100000}}
-  - key: {FLOOD_KEYS["rate_limited_requests"]}
-    tenant: flood-requests
-    rate: {{requests_per_minute: 6, burst: 3, tokens_per_minute: null}}
-  - key: {FLOOD_KEYS["rate_limited_tokens"]}
-    tenant: flood-tokens
-    rate: {{requests_per_minute: null, tokens_per_minute: 40000}}
-  - key: {FLOOD_KEYS["concurrency_limited"]}
-    tenant: flood-streams
-    rate: {{requests_per_minute: null, tokens_per_minute: null, per_key_concurrency: 1}}
-  - key: {SLOW_KEY}
-    tenant: one-at-a-time
-    rate: {{requests_per_minute: null, tokens_per_minute: null, per_key_concurrency: 1}}
-"""
+POLICY = corpus_policy(2.0)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 AUTH = {"authorization": f"Bearer {MAIN_KEY}"}
 CORPUS = load_corpus()
