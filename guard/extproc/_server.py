@@ -49,8 +49,11 @@ __all__ = ["ExtProcOptions", "ExternalProcessor", "run", "serve"]
 _log = logging.getLogger("schedguard.guard")
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-# Envoy sends a buffered body in one message: the gRPC message cap must hold the policy's
-# largest body (inflated bodies are refused by size before that matters) plus its envelope.
+# Envoy sends a buffered body in one message, up to its own buffer limit. The gRPC message cap
+# is a few times the policy's largest body, so that a body somewhat over the cap (an Envoy whose
+# buffer is larger than the policy's cap) is still refused by the policy with its 413 and code;
+# past that, gRPC refuses the message and Envoy, failing closed, answers 500.
+_BODY_MESSAGES = 4
 _MESSAGE_SLACK = 64 << 10
 _GRACE_S = 5.0
 
@@ -112,7 +115,7 @@ async def serve(
             metrics_dir=opts.metrics_dir,
         )
     gateway.warm_up()
-    largest = policy.limits.body.largest_body + _MESSAGE_SLACK
+    largest = _BODY_MESSAGES * policy.limits.body.largest_body + _MESSAGE_SLACK
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", largest),

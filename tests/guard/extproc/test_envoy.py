@@ -484,3 +484,26 @@ async def test_the_header_count_cap_is_the_same_at_its_boundary(tmp_path: Path) 
         await _settled(stack.gateway)
     assert got[("proxy", cap)] == got[("envoy", cap)] == 200, got
     assert got[("proxy", cap + 1)] == got[("envoy", cap + 1)] == 431, got
+
+
+async def test_a_body_over_the_cap_within_a_larger_envoy_buffer_gets_the_policys_413(
+    tmp_path: Path,
+) -> None:
+    """An Envoy whose buffer is larger than the policy's cap hands the processor the body: it is
+    refused as the proxy refuses it (413 ``body_too_large``), not by a gRPC size error."""
+    policy = _policy(tmp_path)
+    cap = policy.limits.body.max_body_bytes
+
+    def bigger_buffer(cfg: dict[str, Any]) -> None:
+        cfg["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"] = 2 * cap
+
+    async def chunks() -> AsyncIterator[bytes]:  # chunked: no Content-Length to refuse early
+        for _ in range(cap // (1 << 16) + 8):
+            yield b" " * (1 << 16)
+
+    async with envoy_stack(policy, bigger_buffer) as stack:
+        async with httpx.AsyncClient(base_url=stack.envoy.url, timeout=30) as client:
+            resp = await client.post("/v1/chat/completions", content=chunks(), headers=AUTH)
+        await _settled(stack.gateway)
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "body_too_large"
+    assert not stack.fake.received
