@@ -30,7 +30,7 @@ COPY fuzz ./fuzz
 COPY loadtests ./loadtests
 COPY scripts/install.sh ./scripts/install.sh
 RUN python -m pip wheel --no-deps --wheel-dir /dist . \
-    && sh scripts/install.sh /opt/schedguard /dist/schedguard-*.whl --extras redis --no-pip
+    && sh scripts/install.sh /opt/schedguard /dist/schedguard-*.whl --extras redis,extproc --no-pip
 
 # ---- runtime: the environment only, owned by root, run as an unprivileged user --------------
 FROM ${PYTHON_IMAGE} AS runtime

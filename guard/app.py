@@ -3,14 +3,14 @@ upstream sees it.
 
 Routes:
 
-- proxied (:mod:`guard.gateway`, pure ASGI): ``POST /v1/chat/completions``,
+- proxied (:mod:`guard.proxy`, pure ASGI, around :mod:`guard.gateway`): ``POST /v1/chat/completions``,
   ``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /v1/models`` (and
   ``/v1/models/{model}``), plus the policy's ``routes`` (POST); any other path gets 404
   ``route_not_allowed``;
 - ``POST /guard/v1/check?path=/v1/chat/completions``: the dry-run verdict for a body, always
   200 when the body could be judged (``allowed``, ``status``, ``code``, ``message``, ``param``,
   ``costs``, ``mutations``, ``durations_ms``, ``checks``), from the proxied path's own front
-  half (:meth:`~guard.gateway.Gateway.admit`): the same framing, route, API-key and checks;
+  half (:func:`~guard.proxy.admit`): the same framing, route, API-key and checks;
 - ``GET /healthz`` (the process is up), ``GET /readyz`` (the next request can be served: the
   upstream answers its health check, else 503 ``upstream_unavailable``; with Redis rate limits
   that fail closed, Redis answers a PING, else 503 ``rate_limiter_unavailable``, the answer
@@ -26,7 +26,6 @@ Every error, for any input, is an OpenAI error body with a stable ``code``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import os
 import time
@@ -47,7 +46,6 @@ from guard.admission import (
     ConcurrencyLimiter,
     RateLimiter,
     RedisRateLimiter,
-    make_rate_limiter,
 )
 from guard.context_window import ContextWindow
 from guard.errors import (
@@ -57,14 +55,14 @@ from guard.errors import (
     Overloaded,
     UpstreamError,
 )
-from guard.gateway import Gateway, check_outcomes
+from guard.exchange import check_outcomes
+from guard.gateway import Gateway, build_gateway
 from guard.http import (
     Upstream,
-    head_refusals,
 )
 from guard.policy import Policy
-from guard.telemetry import CONTENT_TYPE, AccessLog, GuardMetrics, _multiprocess, make_tracing
-from guard.tokens import TokenCounter, get_counter
+from guard.proxy import AsgiProxy, admit
+from guard.telemetry import CONTENT_TYPE, AccessLog
 
 __all__ = ["GUARD_PATHS", "create_app"]
 
@@ -98,63 +96,31 @@ def create_app(
     up = replace(policy.upstream, url=upstream_url) if upstream_url else policy.upstream
     if up.url is None:
         raise ValueError("no upstream: set upstream.url in the policy or pass upstream_url")
-    if limiter is None:
-        limiter = make_rate_limiter(
-            policy.rate.redis_url,
-            on_error=policy.rate.on_redis_failure,
-            op_timeout_s=policy.rate.redis_timeout_s,
-        )
-    if concurrency is None:
-        rate = policy.rate
-        concurrency = ConcurrencyLimiter(
-            per_key=rate.slot_limits,
-            global_max_concurrent=rate.global_concurrency,
-            global_max_queued=rate.queue_size,
-            queue_timeout_s=rate.queue_timeout_s,
-        )
-    gateway = Gateway(
+    upstream = Upstream(up, health_path=health_path)
+    gateway = build_gateway(
         policy,
-        upstream=Upstream(up, health_path=health_path),
+        upstream=upstream,
         limiter=limiter,
         concurrency=concurrency,
-        metrics=_metrics(limiter, concurrency, metrics_dir),
-        access_log=access_log or AccessLog(policy.observability.access_log),
-        tracing=make_tracing(tracer_provider),
-        count_tokens=_delta_counter(get_counter(policy.limits.tokens.tokenizer)),
+        tracer_provider=tracer_provider,
+        access_log=access_log,
         client_timeout_s=client_timeout_s or up.read_timeout_s,
+        metrics_dir=metrics_dir,
     )
-    app = _new_app(gateway)
+    app = _new_app(gateway, upstream)
     _add_own_routes(app, gateway)
     app.openapi = _openapi_with_proxied_routes(app, policy)  # type: ignore[method-assign]
     app.add_middleware(_Dispatch, gateway=gateway)
     return app
 
 
-def _metrics(
-    limiter: RateLimiter, slots: ConcurrencyLimiter, metrics_dir: str | None
-) -> GuardMetrics:
-    """The app's metrics, with the limiters' and the server protocol's counters exported."""
-    metrics = GuardMetrics(multiprocess_dir=metrics_dir)
-    metrics.server_rejections = head_refusals
-    metrics.export("rate", limiter.metrics.snapshot)
-    metrics.export(
-        "concurrency",
-        lambda: {
-            **slots.metrics.snapshot(),
-            "in_flight": slots.in_flight,
-            "waiting": slots.waiting,
-        },
-    )
-    return metrics
-
-
-def _new_app(gateway: Gateway) -> _GuardApp:
+def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
     """The FastAPI app in front of ``gateway``; while it runs, a Redis rate limiter's store is
     watched (a failure logged at start and whenever it changes) and, with workers, the metrics
     are copied where the other workers read them; its shutdown flushes the access log, takes
     this worker out of the metrics' live gauges and closes the upstream pool and the rate
     limiter."""
-    upstream, limiter, metrics = gateway.upstream, gateway.limiter, gateway.metrics
+    metrics = gateway.metrics
     context = ContextWindow(gateway, upstream)
 
     admin: AdminListener | None = None
@@ -165,7 +131,7 @@ def _new_app(gateway: Gateway) -> _GuardApp:
             return JSONResponse({"status": "ok"})
 
         async def readyz() -> Response:
-            return await _readiness(gateway, context)
+            return await _readiness(gateway, upstream, context)
 
         async def prometheus() -> Response:
             return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -177,26 +143,14 @@ def _new_app(gateway: Gateway) -> _GuardApp:
         await context.start()  # the upstream's max_model_len, when it reports one
         if admin is not None:
             await admin.start()
-        tasks: list[asyncio.Task[None]] = []
-        if isinstance(limiter, RedisRateLimiter):
-            tasks.append(asyncio.create_task(limiter.watch(), name="schedguard-redis-watch"))
-        if metrics.multiprocess_dir is not None:
-            metrics.sync()
-            tasks.append(asyncio.create_task(_sync_metrics(metrics), name="schedguard-metrics"))
         try:
-            yield
+            async with gateway.running():
+                yield
         finally:
-            for task in tasks:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
             if admin is not None:
                 await admin.stop()
             await context.stop()
-            gateway.access_log.flush()
-            metrics.close()
             await upstream.aclose()
-            await limiter.aclose()
 
     kwargs: dict[str, Any] = {}
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
@@ -212,19 +166,13 @@ def _new_app(gateway: Gateway) -> _GuardApp:
         **kwargs,
     )
     app.gateway = gateway
+    app.proxy = AsgiProxy(gateway)
     app.state.gateway = gateway
     app.state.metrics = gateway.metrics
     app.state.context_window = context
+    app.state.upstream = upstream
     _install_error_handlers(app)
     return app
-
-
-async def _sync_metrics(metrics: GuardMetrics) -> None:
-    """Copy this worker's series for the others' scrapes, every
-    :data:`~guard.telemetry._multiprocess.SYNC_INTERVAL_S`."""
-    while True:
-        await asyncio.sleep(_multiprocess.SYNC_INTERVAL_S)
-        metrics.sync()
 
 
 def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
@@ -237,7 +185,7 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/readyz", summary="The next request can be served (upstream, rate limiter)")
     async def readyz() -> JSONResponse:
-        return await _readiness(gateway, app.state.context_window)
+        return await _readiness(gateway, app.state.upstream, app.state.context_window)
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus(request: Request) -> Response:
@@ -255,7 +203,7 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
         return await _dry_run(gateway, request, path, app.state.context_window)
 
 
-async def _readiness(gateway: Gateway, context: ContextWindow) -> JSONResponse:
+async def _readiness(gateway: Gateway, upstream: Upstream, context: ContextWindow) -> JSONResponse:
     """``/readyz``: 200 when the next request can be served. The upstream's health check and,
     for Redis rate limits, a PING, at once. Redis not answering makes the guard unready only
     when the policy fails closed (every request would get 503 ``rate_limiter_unavailable``);
@@ -264,9 +212,9 @@ async def _readiness(gateway: Gateway, context: ContextWindow) -> JSONResponse:
     limiter = gateway.limiter
     redis = limiter if isinstance(limiter, RedisRateLimiter) else None
     if redis is None:
-        upstream_ok, redis_ok = await gateway.upstream.ready(), True
+        upstream_ok, redis_ok = await upstream.ready(), True
     else:
-        upstream_ok, redis_ok = await asyncio.gather(gateway.upstream.ready(), redis.healthy())
+        upstream_ok, redis_ok = await asyncio.gather(upstream.ready(), redis.healthy())
     err: GuardError | None = None
     if not upstream_ok:
         err = UpstreamError("upstream_unavailable", "the upstream server is not ready", status=503)
@@ -285,29 +233,16 @@ async def _readiness(gateway: Gateway, context: ContextWindow) -> JSONResponse:
     return JSONResponse(body)
 
 
-def _delta_counter(counter: TokenCounter) -> Callable[[str], int]:
-    """Tokens of one streamed delta; a delta too long to be one token's worth is estimated
-    (4 bytes a token) rather than tokenized, so an upstream cannot make the guard's accounting
-    expensive."""
-
-    def count(text: str) -> int:
-        if len(text) <= _MAX_TOKENIZED_DELTA:
-            return counter.count(text)
-        return max(1, len(text) // 4)
-
-    return count
-
-
 async def _dry_run(
     gateway: Gateway, request: Request, path: str, context: ContextWindow
 ) -> Response:
     """The verdict the proxied route ``path`` would give ``request``'s body, without forwarding
-    it: the gateway's own front half (:meth:`Gateway.admit`), so it cannot differ. A caller the
+    it: the proxied path's own front half (:func:`~guard.proxy.admit`), so it cannot differ. A caller the
     route would refuse (404, 401) gets that error; a refused request is a verdict (200), with
     the context window it was judged against and where that came from."""
     ex = gateway.exchange(path)
     try:
-        admission = await gateway.admit(ex, request.scope["headers"], request.receive)
+        admission = await admit(gateway, ex, request.scope["headers"], request.receive)
     except ClientDisconnected:
         raise
     except GuardError as err:
@@ -328,11 +263,12 @@ class _GuardApp(FastAPI):
     handles every error itself, without FastAPI's middleware stack (it is the hot path)."""
 
     gateway: Gateway | None = None
+    proxy: AsgiProxy | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gateway = self.gateway
-        if gateway is not None and scope["type"] == "http" and scope["path"] not in GUARD_PATHS:
-            await gateway(scope, receive, send)
+        proxy = self.proxy
+        if proxy is not None and scope["type"] == "http" and scope["path"] not in GUARD_PATHS:
+            await proxy(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -343,6 +279,7 @@ class _Dispatch:
     def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
+        self.proxy = AsgiProxy(gateway)
         self.metrics = gateway.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -351,7 +288,7 @@ class _Dispatch:
             return
         path: str = scope["path"]
         if path not in GUARD_PATHS:  # only if called without _GuardApp in front
-            await self.gateway(scope, receive, send)
+            await self.proxy(scope, receive, send)
             return
         start = time.perf_counter()
         status = [500]

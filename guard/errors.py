@@ -28,6 +28,7 @@ __all__ = [
     "GuardError",
     "InternalError",
     "LimitExceeded",
+    "Misconfigured",
     "NotFound",
     "Overloaded",
     "PolicyError",
@@ -114,6 +115,14 @@ class InternalError(GuardError):
 
     def __init__(self) -> None:
         super().__init__("internal_error", "the guard failed; the error was logged")
+
+
+class Misconfigured(GuardError):
+    """The guard's deployment cannot serve the request as configured (not the client's fault:
+    say, an Envoy filter that does not send the body the checks need)."""
+
+    status = 500
+    type = "server_error"
 
 
 class ClientDisconnected(GuardError):

@@ -176,7 +176,7 @@ def check_body(
     """Bounded parse and the policy's checks for a body whose route and caller are settled
     (``headers`` as :func:`~guard.request_view.normalise_headers` returns them, ``key`` as
     :func:`~guard.request_view.resolve_key` does); never raises. The gateway's front half
-    (:meth:`guard.gateway.Gateway.admit`) calls it after framing, route and key."""
+    (:meth:`guard.gateway.Gateway.judge`) calls it after framing, route and key."""
     durations: dict[str, float] = {}
     costs: dict[str, int] = {"body_bytes": len(raw)}
     clock = time.perf_counter

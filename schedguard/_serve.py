@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -86,6 +86,38 @@ def policy_error_text(
     return "\n".join(named)
 
 
+def effective_policy(
+    policy_path: str | None,
+    flagged: Iterable[tuple[str, str, str | None]],
+    command: str,
+) -> Policy | None:
+    """The policy a command's flags make: each ``(variable, flag, value)`` with a value becomes
+    that ``SCHEDGUARD_*`` override, validated with the file's; a problem is printed naming the
+    flag that caused it (None is returned). The overrides are then put in this process's
+    environment, so that worker processes load the same policy."""
+    from guard.policy import PolicyError, load_policy
+    from guard.server import POLICY_ENV
+
+    overrides: dict[str, str] = {}
+    flags: dict[str, str] = {}  # variable -> the flag that set it
+    if policy_path is not None:
+        overrides[POLICY_ENV] = policy_path
+    for var, flag, value in flagged:
+        if value is not None:
+            overrides[var], flags[var] = value, flag
+    env = {**os.environ, **overrides}
+    try:
+        policy = load_policy(env.get(POLICY_ENV) or None, env)
+    except PolicyError as exc:
+        _err(policy_error_text(exc, flags, policy_path), command)
+        return None
+    if policy.rate.redis_url is not None and importlib.util.find_spec("redis") is None:
+        # Said before anything starts (the CLI turns this into one line naming the extra).
+        raise ModuleNotFoundError("No module named 'redis'", name="redis")
+    os.environ.update(overrides)  # the workers load the same policy
+    return policy
+
+
 def start_embedded_upstream(mem_limit_bytes: int, host: str = "127.0.0.1") -> RunningServer:
     """The reference scheduler (hardened) as a child process on a free port, ready."""
     from schedguard._servers import schedguard_argv
@@ -116,28 +148,16 @@ def start_embedded_upstream(mem_limit_bytes: int, host: str = "127.0.0.1") -> Ru
 
 
 def serve(opts: ServeOptions) -> int:
-    from guard.policy import PolicyError, load_policy
+    from guard.policy import load_policy
     from guard.server import POLICY_ENV, run
 
-    overrides: dict[str, str] = {}
-    flags: dict[str, str] = {}  # variable -> the flag that set it
-    if opts.policy_path is not None:
-        overrides[POLICY_ENV] = opts.policy_path
-    for var, flag, value in ((UPSTREAM_ENV, "--upstream", opts.upstream),
-                             (REDIS_ENV, "--redis", opts.redis_url),
-                             (ADMIN_ENV, "--admin-port", opts.admin_listen),
-                             (PRESET_ENV, "--preset", opts.preset)):  # fmt: skip
-        if value is not None:
-            overrides[var], flags[var] = value, flag
-    env = {**os.environ, **overrides}
-    try:
-        policy = load_policy(env.get(POLICY_ENV) or None, env)
-    except PolicyError as exc:
-        _err(policy_error_text(exc, flags, opts.policy_path))
+    flagged = ((UPSTREAM_ENV, "--upstream", opts.upstream),
+               (REDIS_ENV, "--redis", opts.redis_url),
+               (ADMIN_ENV, "--admin-port", opts.admin_listen),
+               (PRESET_ENV, "--preset", opts.preset))  # fmt: skip
+    policy = effective_policy(opts.policy_path, flagged, "serve")
+    if policy is None:
         return 2
-    if policy.rate.redis_url is not None and importlib.util.find_spec("redis") is None:
-        # Said before anything starts (the CLI turns this into one line naming the extra).
-        raise ModuleNotFoundError("No module named 'redis'", name="redis")
     if policy.upstream.url is None and not opts.embedded_reference:
         _err(
             "no upstream: pass --upstream URL (or set upstream.url in the policy, or "
@@ -148,7 +168,6 @@ def serve(opts: ServeOptions) -> int:
     if policy.upstream.url is not None and opts.embedded_reference:
         _err(f"--embedded-reference and an upstream ({policy.upstream.url}) exclude each other")
         return 2
-    os.environ.update(overrides)  # the workers load the same policy
     embedded: RunningServer | None = None
     try:
         if policy.upstream.url is None:
@@ -174,7 +193,7 @@ def serve(opts: ServeOptions) -> int:
             file=sys.stderr,
             flush=True,
         )
-        print(_policy_line(policy), file=sys.stderr, flush=True)
+        print(policy_line(policy, policy.upstream.url, "serve"), file=sys.stderr, flush=True)
         # uvicorn re-raises SIGTERM once it has shut down; with the default handler that kills
         # this process before the embedded upstream is stopped. Exit through `finally` instead.
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -194,14 +213,13 @@ def serve(opts: ServeOptions) -> int:
     return 0
 
 
-def _policy_line(policy: Policy) -> str:
+def policy_line(policy: Policy, upstream: str | None, command: str) -> str:
     """The policy in force, as the workers will start with it: the upstream's window and
     kind asked for once here (each worker asks again and follows changes)."""
     from guard.context_window import in_force, policy_summary
 
-    assert policy.upstream.url is not None
-    models = _models_of(policy.upstream.url)
-    return "schedguard serve: " + policy_summary(*in_force(policy, models))
+    models = None if upstream is None else _models_of(upstream)
+    return f"schedguard {command}: " + policy_summary(*in_force(policy, models))
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -6,6 +6,8 @@ schedguard demo [--mem-limit-mb N] [--timeout-s S] [--steady-requests N] [--json
                 [--port-base P]
 schedguard serve [--upstream URL] [--policy FILE] [--host H] [--port P] [--workers N] [--redis URL]
                  [--admin-port P [--admin-host H]]
+schedguard extproc [--host H] [--port P] [--policy FILE] [--upstream URL] [--workers N]
+                   [--admin-port P [--admin-host H]] [--redis URL]
 schedguard policy show [--policy FILE] [--json]
 schedguard load [--duration S] [--users N] [--attack-share F] [--upstream-profile P] [--out DIR]
                 [--host URL] [--no-guard] [--ui] [--json] ...
@@ -29,7 +31,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from guard.presets import PRESET_NAMES
-from schedguard import __version__, _fuzz_cli, _load_cli
+from schedguard import __version__, _extproc_cli, _fuzz_cli, _load_cli
 from schedguard._argtypes import non_negative_int, port, positive_float, positive_int
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -41,6 +43,7 @@ EXTRAS = {
     "hypothesis": "fuzz",
     "atheris": "fuzz",
     "redis": "redis",
+    "grpc": "extproc",  # with grpcio-health-checking and xds-protos
     "opentelemetry": "otel",
     "outlines_core": "backends",
     "llguidance": "backends",
@@ -138,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--host", default="127.0.0.1", help="interface the servers bind")
     _add_serve(sub)
     _add_policy(sub)
+    _extproc_cli.add_parser(sub)
     _load_cli.add_parser(sub)
     _fuzz_cli.add_parser(sub)
     version = f"schedguard {__version__}"
@@ -363,6 +367,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run_serve(args)
     if args.command == "policy":
         return _run_policy(args)
+    if args.command == "extproc":
+        return _extproc_cli.run(args)
     if args.command == "load":
         return _load_cli.run(args)
     if args.command == "fuzz":

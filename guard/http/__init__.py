@@ -17,8 +17,11 @@ from guard.http._disconnect import (
 from guard.http._framing import (
     FramingLimits,
     RequestHead,
+    check_declared_body,
+    decode_body,
     inspect_head,
     read_body,
+    usable_request_id,
 )
 from guard.http._protocol import (
     configure,
@@ -34,6 +37,7 @@ from guard.http._upstream import (
     PROBE_HEADER,
     Upstream,
     UpstreamResponse,
+    dropped_headers,
     max_model_len_of,
     response_headers,
     serves_vllm,
@@ -54,7 +58,10 @@ __all__ = [
     "UpstreamConfig",
     "UpstreamError",
     "UpstreamResponse",
+    "check_declared_body",
     "configure",
+    "decode_body",
+    "dropped_headers",
     "error_event",
     "head_refusals",
     "inspect_head",
@@ -65,4 +72,5 @@ __all__ = [
     "response_headers",
     "serves_vllm",
     "upstream_kind_of",
+    "usable_request_id",
 ]

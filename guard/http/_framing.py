@@ -44,8 +44,11 @@ from guard.errors import ClientDisconnected, GuardError, LimitExceeded
 __all__ = [
     "FramingLimits",
     "RequestHead",
+    "check_declared_body",
+    "decode_body",
     "inspect_head",
     "read_body",
+    "usable_request_id",
 ]
 
 EncodingPolicy = Literal["refuse", "inflate"]
@@ -183,7 +186,7 @@ def inspect_head(headers: Iterable[tuple[bytes, bytes]], limits: FramingLimits) 
         elif name == b"authorization":
             authorization = value.decode("latin-1")
         elif name == b"x-request-id":
-            request_id = _usable_request_id(value)
+            request_id = usable_request_id(value)
         elif name == b"content-type":
             content_type = value.decode("latin-1")
         elif name == b"transfer-encoding":
@@ -213,7 +216,8 @@ def _merge_encoding(previous: str | None, value: bytes) -> str:
     return text
 
 
-def _usable_request_id(value: bytes) -> str | None:
+def usable_request_id(value: bytes) -> str | None:
+    """``value`` as a request id when it is short printable ASCII without spaces, else None."""
     # Echoed in responses and logs: only short printable ASCII without spaces.
     if not 0 < len(value) <= MAX_REQUEST_ID_BYTES:
         return None
@@ -344,15 +348,60 @@ class _Progress:
         self.ended = False
 
 
-async def _read(
-    receive: Receive, head: RequestHead, limits: FramingLimits, progress: _Progress
-) -> bytes:
+class _BodyDecoder:
+    """The body as it arrives, under the caps: size on the wire, then the encoding's."""
+
+    __slots__ = ("_cap", "_inflater", "_parts", "progress")
+
+    def __init__(self, head: RequestHead, limits: FramingLimits, progress: _Progress) -> None:
+        encoding = check_declared_body(head, limits)
+        self._cap = limits.max_body_bytes
+        self._inflater = _Inflater(encoding, limits) if encoding is not None else None
+        self._parts: list[bytes] = []
+        self.progress = progress
+
+    def feed(self, chunk: bytes) -> None:
+        progress = self.progress
+        progress.received += len(chunk)
+        if progress.received > self._cap:
+            raise _too_large("body_too_large", f"the request body exceeds {self._cap} bytes")
+        if self._inflater is not None:
+            self._inflater.feed(chunk)
+        else:
+            self._parts.append(chunk)
+
+    def finish(self) -> bytes:
+        if self._inflater is not None:
+            return self._inflater.finish()
+        parts = self._parts
+        if not parts:
+            return b""
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def check_declared_body(head: RequestHead, limits: FramingLimits) -> str | None:
+    """What the head says of the body, checked before one byte of it is read: its
+    ``Content-Encoding`` (415 unless inflated; returned) and declared length (413)."""
     encoding = _check_encoding(head.content_encoding, limits)
     cap = limits.max_body_bytes
     if head.content_length is not None and head.content_length > cap:
         raise _too_large("body_too_large", f"the request body exceeds {cap} bytes")
-    inflater = _Inflater(encoding, limits) if encoding is not None else None
-    parts: list[bytes] = []
+    return encoding
+
+
+def decode_body(data: bytes, head: RequestHead, limits: FramingLimits) -> bytes:
+    """A body that arrived whole (buffered by a proxy in front, Envoy's ext_proc): the same caps
+    as :func:`read_body` (413 size, 415 encoding, inflated under its caps), returned decoded."""
+    decoder = _BodyDecoder(head, limits, _Progress())
+    if data:
+        decoder.feed(data)
+    return decoder.finish()
+
+
+async def _read(
+    receive: Receive, head: RequestHead, limits: FramingLimits, progress: _Progress
+) -> bytes:
+    decoder = _BodyDecoder(head, limits, progress)
     while True:
         message = await receive()
         kind = message["type"]
@@ -364,18 +413,10 @@ async def _read(
         more = message.get("more_body", False)
         progress.ended = not more
         if chunk:
-            progress.received += len(chunk)
-            if progress.received > cap:
-                raise _too_large("body_too_large", f"the request body exceeds {cap} bytes")
-            if inflater is not None:
-                inflater.feed(chunk)
-            else:
-                parts.append(chunk)
+            decoder.feed(chunk)
         if not more:
             break
-    if inflater is not None:
-        return inflater.finish()
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    return decoder.finish()
 
 
 async def _drain(receive: Receive, head: RequestHead, budget: int, progress: _Progress) -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "PROBE_HEADER",
     "Upstream",
     "UpstreamResponse",
+    "dropped_headers",
     "max_model_len_of",
     "response_headers",
     "serves_vllm",
@@ -181,6 +182,13 @@ def response_headers(resp: UpstreamResponse) -> list[tuple[bytes, bytes]]:
     ]
 
 
+def dropped_headers(config: UpstreamConfig) -> frozenset[bytes]:
+    """The request headers (lower-case names) never forwarded as the client sent them:
+    hop-by-hop and framing headers, ``authorization`` and ``x-request-id`` (the caller's
+    decision), ``accept-encoding`` (replaced) and ``config.strip_headers``."""
+    return _NOT_FORWARDED_RAW | {h.encode("latin-1") for h in config.strip_headers}
+
+
 class Upstream:
     """The pooled client of one upstream: ``config.url`` with ``config``'s timeouts.
 
@@ -206,7 +214,7 @@ class Upstream:
         self.api_key = api_key
         self.keepalive_s = keepalive_s
         self._pool: ConnectionPool | None = None
-        self._dropped = _NOT_FORWARDED_RAW | {h.encode("latin-1") for h in config.strip_headers}
+        self._dropped = dropped_headers(config)
 
     def _get_pool(self) -> ConnectionPool:
         pool = self._pool

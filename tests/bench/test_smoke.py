@@ -82,6 +82,8 @@ BENCHES: dict[str, Bench] = {
 # Scripts whose smoke run lives elsewhere, or that are long proofs run by hand (with why).
 COVERED_ELSEWHERE: dict[str, str] = {
     "gateway.py": "tests/bench/test_gateway.py runs it with --quick (it needs wrk)",
+    "extproc.py": "tests/bench/test_extproc.py runs it with --quick (it needs wrk and Envoy, "
+    "whose address space is above this file's RLIMIT_AS)",
     "fuzz_proof.py": "issue 4's 4-minute proof campaign; its engine is tested in test_fuzz_search.py",
     "guided_backends.py": "issue 16's calibration table, minutes of real backend compiles at a 32k "
     "vocabulary; its targets are tested in test_fuzz_backends.py",

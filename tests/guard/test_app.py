@@ -223,7 +223,7 @@ async def test_dry_run_verdicts() -> None:
 
 
 async def test_dry_run_gives_the_proxied_paths_verdict() -> None:
-    # One front half (Gateway.admit) serves both: each request gets the same status and code.
+    # One front half (proxy.admit) serves both: each request gets the same status and code.
     chat = json.dumps(CHAT).encode()
     cases: list[tuple[str, bytes, dict[str, str]]] = [
         ("/v1/chat/completions", chat, {}),

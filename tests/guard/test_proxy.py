@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from guard.answer import extract_usage, upstream_error_code
 from guard.checks import Mutation
-from guard.gateway import extract_usage, forward_body, upstream_error_code
+from guard.gateway import forward_body
 from guard.http import Upstream, UpstreamConfig, UpstreamError, response_headers
 from guard.http._sse_relay import DONE, SseRelay, error_event
 from guard.pipeline import evaluate_body
@@ -345,3 +346,18 @@ async def test_readiness_falls_back_to_models_without_a_health_path() -> None:
             assert await upstream.ready()
         finally:
             await upstream.aclose()
+
+
+def test_a_body_read_whole_keeps_its_usage_when_it_ends() -> None:
+    """A transport that hands the whole body then says it ended (Envoy's last body message)
+    settles with the body's usage, not with an empty tail's."""
+    from guard.answer import Answer
+    from guard.exchange import Exchange
+    from guard.telemetry import GuardMetrics
+
+    ex = Exchange(method="POST", route="/v1/completions", path="/v1/completions", start=0.0)
+    answer = Answer(ex, GuardMetrics(), len, {})
+    answer.start(200, False)
+    answer.whole(b'{"usage": {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}}')
+    assert answer.ended() == b""
+    assert answer.settlement(reserved=500) == 10 and ex.completion_tokens == 6
