@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from guard.checks._fields import Path, is_int, prompt_items
 from guard.checks._parts import (
@@ -55,7 +55,15 @@ from guard.checks._parts import (
 from guard.json import json_depth
 from guard.request_view import Endpoint
 
-__all__ = ["Argument", "ChatInput", "Counting", "PromptUnit", "parse_arguments", "prompt_units"]
+__all__ = [
+    "Argument",
+    "ChatInput",
+    "ChatKind",
+    "Counting",
+    "PromptUnit",
+    "parse_arguments",
+    "prompt_units",
+]
 
 # Roles whose name is short ASCII: counted as overhead (their bytes bound their tokens).
 _USUAL_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -100,12 +108,19 @@ class Argument:
     parsed: dict[str, Any]
 
 
+# How the upstream renders a conversation: chat completions; /tokenize; the pooling routes
+# (embeddings, /classify, /pooling: no tools, no generation prompt by default); a scored pair.
+ChatKind = Literal["chat", "tokenize", "pooling", "score"]
+
+
 @dataclass(frozen=True, slots=True)
 class ChatInput:
-    """What rendering one conversation needs: its messages and the request around them."""
+    """What rendering one conversation needs: its messages, the request around them, and which
+    route renders it."""
 
     messages: list[Any]
     body: dict[str, Any]
+    kind: ChatKind = "chat"
 
 
 @dataclass(slots=True)
@@ -137,21 +152,37 @@ class PromptUnit:
             self.values.append((path, value))
 
 
+# The conversation kind each endpoint renders (ChatKind).
+_CHAT_KIND: dict[Endpoint, ChatKind] = {
+    "chat": "chat",
+    "tokenize": "tokenize",
+    "embeddings": "pooling",
+    "pooling": "pooling",
+}
+
+
 def prompt_units(body: dict[str, Any], endpoint: Endpoint, counting: Counting) -> list[PromptUnit]:
     if endpoint == "chat":
         return _chat_units(body, counting)
     if endpoint == "completions":
         return _prompts(body, "prompt", counting)
-    if endpoint in ("embeddings", "tokenize", "other"):
+    if endpoint in ("embeddings", "pooling", "tokenize", "other"):
+        kind = _CHAT_KIND.get(endpoint, "chat")
         if isinstance(body.get("messages"), list):
-            return _chat_units(body, counting)
-        for name in ("input", "prompt") if endpoint == "embeddings" else ("prompt", "input"):
+            return _chat_units(body, counting, kind=kind)
+        pooled = endpoint in ("embeddings", "pooling")
+        for name in ("input", "prompt") if pooled else ("prompt", "input"):
             value = body.get(name)
             if value is None:
                 continue
-            if endpoint == "embeddings" and _are_conversations(value):
-                return _chat_units(body, counting, name)
+            if pooled and _are_conversations(value):
+                return _chat_units(body, counting, name, kind)
             return _prompts(body, name, counting)
+        if endpoint == "pooling" and "data" in body:
+            # An IO-processor plugin's input: whatever it tokenizes comes from these values.
+            unit = PromptUnit(path=("data",), specials=counting.special_tokens)
+            unit.add(("data",), body["data"])
+            return [unit]
         return []
     if endpoint == "responses":
         return [_responses(body, counting)]
@@ -185,21 +216,25 @@ def _templates(unit: PromptUnit, body: dict[str, Any]) -> None:
 # -- chat ---------------------------------------------------------------------------------------
 
 
-def _chat_units(body: dict[str, Any], c: Counting, name: str = "messages") -> list[PromptUnit]:
+def _chat_units(
+    body: dict[str, Any], c: Counting, name: str = "messages", kind: ChatKind = "chat"
+) -> list[PromptUnit]:
     messages = body.get(name)
     if not isinstance(messages, list):
-        return [_chat_unit(body, [], (name,), c)]
+        return [_chat_unit(body, [], (name,), c, kind)]
     if messages and isinstance(messages[0], list):  # a batch of conversations
         return [
-            _chat_unit(body, conversation, (name, i), c)
+            _chat_unit(body, conversation, (name, i), c, kind)
             for i, conversation in enumerate(messages)
             if isinstance(conversation, list)
         ]
-    return [_chat_unit(body, messages, (name,), c)]
+    return [_chat_unit(body, messages, (name,), c, kind)]
 
 
-def _chat_unit(body: dict[str, Any], messages: list[Any], base: Path, c: Counting) -> PromptUnit:
-    unit = PromptUnit(path=base, chat=ChatInput(messages, body), templated=True)
+def _chat_unit(
+    body: dict[str, Any], messages: list[Any], base: Path, c: Counting, kind: ChatKind
+) -> PromptUnit:
+    unit = PromptUnit(path=base, chat=ChatInput(messages, body, kind), templated=True)
     unit.overhead = c.per_request + c.per_message * len(messages)
     texts = unit.texts
     for i, message in enumerate(messages):

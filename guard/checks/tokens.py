@@ -49,8 +49,10 @@ from guard.checks._fields import (
 )
 from guard.checks._jsonsize import indent4_size, indent4_text
 from guard.checks._placeholders import bound_expansion, parse_source
-from guard.checks._render import load_chat_template, render_count
+from guard.checks._render import render_count
 from guard.checks._result import CheckResult, Mutation, pure_check
+from guard.checks._template_bound import template_literal_bytes, template_literal_tokens
+from guard.checks._template_source import load_chat_template
 from guard.checks._text import Counting, PromptUnit, prompt_units
 from guard.errors import LimitExceeded
 from guard.policy._models import Policy, TokensPolicy
@@ -191,8 +193,11 @@ def _fixed(unit: PromptUnit) -> int:
     return unit.token_ids + unit.overhead + unit.media + unit.specials
 
 
-def _upper_bound(units: list[PromptUnit], ctx: _Context, unit_limit: int | None) -> int | None:
-    """The UTF-8 byte count (plus ids and overheads) when it proves every limit holds."""
+def _upper_bound(
+    units: list[PromptUnit], ctx: _Context, unit_limit: int | None, template: str | None
+) -> int | None:
+    """The UTF-8 byte count (plus ids, overheads and the chat template's own text) when it
+    proves every limit holds."""
     total_limit = ctx.policy.limits.tokens.max_prompt_tokens
     depth = ctx.policy.limits.templates.max_depth
     raw = ctx.counting.media_as_text  # llama-cpp-python prints arguments as sent
@@ -218,6 +223,8 @@ def _upper_bound(units: list[PromptUnit], ctx: _Context, unit_limit: int | None)
             if total + size > total_limit:
                 return None
         size += _template_size(unit, _utf8_len, depth, total_limit + 1)
+        if unit.chat is not None and template is not None:
+            size += template_literal_bytes(template, unit.chat)
         if unit_limit is not None and size > unit_limit:
             return None
         total += size
@@ -234,7 +241,7 @@ def _count(units: list[PromptUnit], ctx: _Context, body: dict[str, Any]) -> tupl
     template = _template_for(body, ctx.policy)
     exact = tokens.exact_costs if tokens.exact_costs is not None else template is not None
     if ctx.counter.byte_bounds and not exact:
-        bound = _upper_bound(units, ctx, unit_limit)
+        bound = _upper_bound(units, ctx, unit_limit, None if template is None else template[0])
         if bound is not None:
             return bound, False
     remaining = tokens.max_prompt_tokens
@@ -248,6 +255,11 @@ def _count(units: list[PromptUnit], ctx: _Context, body: dict[str, Any]) -> tupl
             used = _rendered(unit, ctx, template, limit, over)
         if used is None:
             used = _counted(unit, ctx, limit, over)
+            if unit.chat is not None and template is not None:
+                # No render succeeded: the template's own text, bounded from its source.
+                used += template_literal_tokens(template[0], ctx.counter, unit.chat)
+                if used > limit:
+                    raise over(unit.path)
         total += used
         remaining -= used
     return total, True
@@ -332,7 +344,7 @@ def _rendered(
         raise over(unit.path)
     text, special = template
     try:
-        used = render_count(
+        outcome = render_count(
             unit.chat,
             text,
             special,
@@ -347,7 +359,11 @@ def _rendered(
         if exc.code == "prompt_tokens_exceeded":
             raise over(unit.path) from None
         raise
-    return None if used is None else used + fixed
+    if outcome.tokens is None:
+        if outcome.raised is not None:
+            raise outcome.raised  # the template refuses this input, as it would upstream
+        return None
+    return outcome.tokens + fixed
 
 
 def _counted(unit: PromptUnit, ctx: _Context, limit: int, over: _Over) -> int:

@@ -33,6 +33,7 @@ from guard.jinja._chat_template import (
     raise_exception,
     render_chat_template,
 )
+from guard.jinja._literal_bound import LiteralProgram, LoopSizes, literal_program
 
 __all__ = [
     "CODE_DEADLINE",
@@ -52,6 +53,8 @@ __all__ = [
     "ChatTemplateLimits",
     "GuardedTemplate",
     "HardenedEnvironment",
+    "LiteralProgram",
+    "LoopSizes",
     "ScanStats",
     "TemplateRaised",
     "check_chat_template",
@@ -59,6 +62,7 @@ __all__ = [
     "compile_chat_template",
     "hf_strftime_now",
     "hf_tojson",
+    "literal_program",
     "map_template_exception",
     "raise_exception",
     "render_chat_template",
