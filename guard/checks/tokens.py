@@ -49,7 +49,7 @@ from guard.checks._fields import (
 )
 from guard.checks._jsonsize import indent4_size, indent4_text
 from guard.checks._placeholders import bound_expansion, parse_source
-from guard.checks._render import render_count
+from guard.checks._render import Flavour, render_count
 from guard.checks._result import CheckResult, Mutation, pure_check
 from guard.checks._template_bound import template_literal_bytes, template_literal_tokens
 from guard.checks._template_source import load_chat_template
@@ -59,7 +59,7 @@ from guard.policy._models import Policy, TokensPolicy
 from guard.request_view import Endpoint, RequestView
 from guard.tokens import TokenCounter, get_counter
 
-__all__ = ["check_tokens", "counting_for"]
+__all__ = ["check_tokens", "counting_for", "render_flavours"]
 
 # Tokens added to each field counted inside a template's text (the fallback bound): a token
 # merged across its edges.
@@ -98,15 +98,26 @@ def check_tokens(view: RequestView, policy: Policy) -> CheckResult | None:
     return CheckResult.passed(costs, tuple(mutations))
 
 
-_COUNTING: dict[int, tuple[TokensPolicy, Counting]] = {}
+def render_flavours(policy: Policy) -> tuple[Flavour, ...]:
+    """The upstreams whose renders are modelled: ``render_like`` when the policy sets it, else
+    the upstream kind in force alone (both while it is not known)."""
+    tokens = policy.limits.tokens
+    kind = policy.upstream_kind
+    if "render_like" in tokens.model_fields_set or kind == "other":
+        return tokens.render_like
+    return (kind,)
+
+
+_COUNTING: dict[int, tuple[TokensPolicy, str, Counting]] = {}
 
 
 def counting_for(policy: Policy, counter: TokenCounter) -> Counting:
     """The gatherer's settings for a policy (built once per policy)."""
     tokens = policy.limits.tokens
+    kind = policy.upstream_kind
     cached = _COUNTING.get(id(tokens))
-    if cached is not None and cached[0] is tokens:
-        return cached[1]
+    if cached is not None and cached[0] is tokens and cached[1] == kind:
+        return cached[2]
     counting = Counting(
         per_message=tokens.per_message_tokens,
         per_request=tokens.per_request_tokens,
@@ -114,13 +125,13 @@ def counting_for(policy: Policy, counter: TokenCounter) -> Counting:
         image=tokens.tokens_per_image,
         video_frame=tokens.tokens_per_video_frame,
         audio=tokens.tokens_per_audio,
-        media_as_text="llama_cpp" in tokens.render_like,
+        media_as_text="llama_cpp" in render_flavours(policy),
         special_tokens=counter.special_tokens,
         max_json_depth=policy.limits.json_.max_depth,
     )
     if len(_COUNTING) >= 64:
         _COUNTING.clear()
-    _COUNTING[id(tokens)] = (tokens, counting)
+    _COUNTING[id(tokens)] = (tokens, kind, counting)
     return counting
 
 
@@ -201,7 +212,7 @@ def _upper_bound(
     total_limit = ctx.policy.limits.tokens.max_prompt_tokens
     depth = ctx.policy.limits.templates.max_depth
     raw = ctx.counting.media_as_text  # llama-cpp-python prints arguments as sent
-    parsed = "vllm" in ctx.policy.limits.tokens.render_like
+    parsed = "vllm" in render_flavours(ctx.policy)
     total = 0
     for unit in units:
         size = _fixed(unit)
@@ -348,7 +359,7 @@ def _rendered(
             unit.chat,
             text,
             special,
-            tokens.render_like,
+            render_flavours(policy),
             ctx.counter,
             limit - fixed,
             policy.limits.templates.chat_template,
@@ -383,7 +394,7 @@ def _counted(unit: PromptUnit, ctx: _Context, limit: int, over: _Over) -> int:
         used += _measure(counter, text, limit - used - edge, path, over) + edge
     for path, value in unit.values:
         used += _measure_json(counter, value, limit - used - edge, path, over) + edge
-    flavours = ctx.policy.limits.tokens.render_like
+    flavours = render_flavours(ctx.policy)
     for arg in unit.arguments:
         weight = 0
         left = limit - used - edge

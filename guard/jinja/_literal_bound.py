@@ -159,9 +159,9 @@ def _unwrap(node: nodes.Node) -> nodes.Node:
     """The collection under filters, tests and slices (``messages[1:] | reverse``)."""
     while True:
         inner: nodes.Node | None = None
-        if isinstance(node, nodes.Filter | nodes.Test):
-            inner = node.node
-        elif isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+        if isinstance(node, nodes.Filter | nodes.Test) or (
+            isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice)
+        ):
             inner = node.node
         if inner is None:
             return node

@@ -205,7 +205,10 @@ class TokensPolicy(Section):
         "largest count wins. `vllm` (0.32): tool-call arguments parsed and printed again, "
         "content normalised, media as placeholders. `llama_cpp` (llama-cpp-python 0.3.36): "
         "messages as sent, so a text-only template prints list content as it is, media URLs "
-        "included (then media URLs also count as text in the fallback). List only yours.",
+        "included (then media URLs also count as text in the fallback). List only yours. Left "
+        "out, it follows the upstream kind in force (`upstream.kind`, set or detected): `vllm` "
+        "alone in front of vLLM, `llama_cpp` alone in front of llama-cpp-python, both "
+        "otherwise.",
     )
     content_format: Literal["auto", "string", "openai"] = Field(
         default="auto",
