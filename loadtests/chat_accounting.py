@@ -82,7 +82,7 @@ def _assistant(content: Any, **extra: Any) -> dict[str, Any]:
     return {"role": "assistant", "content": content, **extra}
 
 
-def _call(name: str, arguments: dict[str, Any], call_id: str = "call_1") -> dict[str, Any]:
+def _call(name: str, arguments: dict[str, Any], call_id: str = "call_00001") -> dict[str, Any]:
     function = {"name": name, "arguments": json.dumps(arguments)}
     return {"id": call_id, "type": "function", "function": function}
 
@@ -99,7 +99,11 @@ def _history(turns: int) -> list[dict[str, Any]]:
 _WEATHER = [
     _user("What is the weather in Paris?"),
     _assistant(None, tool_calls=[_call("get_weather", {"city": "Paris", "unit": "celsius"})]),
-    {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'},
+    {
+        "role": "tool",
+        "tool_call_id": "call_00001",
+        "content": '{"temperature": 21, "sky": "clear"}',
+    },
 ]
 
 # Ordinary requests: nothing here is an attack.
@@ -125,7 +129,7 @@ CHATS: dict[str, dict[str, Any]] = {
         "messages": [
             _user("Weather in Oslo?"),
             _assistant("Let me check.", tool_calls=[_call("get_weather", {"city": "Oslo"})]),
-            {"role": "tool", "tool_call_id": "call_1", "content": "snow"},
+            {"role": "tool", "tool_call_id": "call_00001", "content": "snow"},
         ],
         "tools": _TOOLS,
     },
@@ -135,12 +139,12 @@ CHATS: dict[str, dict[str, Any]] = {
             _assistant(
                 None,
                 tool_calls=[
-                    _call("get_weather", {"city": "Oslo"}, "call_1"),
-                    _call("get_weather", {"city": "Bergen"}, "call_2"),
+                    _call("get_weather", {"city": "Oslo"}, "call_00001"),
+                    _call("get_weather", {"city": "Bergen"}, "call_00002"),
                 ],
             ),
-            {"role": "tool", "tool_call_id": "call_1", "content": "snow"},
-            {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+            {"role": "tool", "tool_call_id": "call_00001", "content": "snow"},
+            {"role": "tool", "tool_call_id": "call_00002", "content": "rain"},
         ],
         "tools": _TOOLS,
     },
@@ -244,7 +248,7 @@ CHATS: dict[str, dict[str, Any]] = {
         "tools": _TOOLS[:1],
         "documents": [{"title": "Minutes", "text": _SENTENCE}],
     },
-    "near the window": {"messages": [_user(_SENTENCE * 170)]},
+    "near the window": {"messages": [_user(_SENTENCE * 125)]},
 }
 
 

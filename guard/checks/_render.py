@@ -14,10 +14,12 @@ policy's tokenizer, special-token text parsed as the special tokens, as both ser
 sandbox bounds the render itself: output, values, loops, time). Media placeholders are not
 rendered: the media tokens are the per-item estimates.
 
-A render that fails says why (:class:`RenderOutcome`): the template's own
-``raise_exception(...)`` (the upstream answers 400 with that message too), or a failure of its
-own (the sandbox refusing an operation, the deadline on a loaded machine, an input the upstream
-refuses before rendering). Only when no render succeeds does the caller fall back to the bound.
+A render that fails says why (:class:`RenderOutcome`): the upstream's own refusal (the
+template's ``raise_exception(...)``, or what vLLM refuses before rendering, such as both
+``add_generation_prompt`` and ``continue_final_message``: the upstream answers 400 with that
+message too), or a failure of the guard's (the sandbox refusing an operation, the deadline on a
+loaded machine). Only when no render succeeds does the caller refuse with the upstream's reason,
+or, without one, fall back to the bound.
 The other budget limits (tokens, output, values, loops) are refusals: the upstream would pay
 them too.
 """
@@ -31,7 +33,13 @@ from guard.budget import Budget, Limits
 from guard.checks._text import ChatInput
 from guard.checks._vllm_chat import TemplateCall, cut_at_marker, llama_cpp_call, vllm_call
 from guard.errors import GuardError, LimitExceeded, TemplateError
-from guard.jinja import CODE_RAISED, ChatTemplateLimits, GuardedTemplate, compile_chat_template
+from guard.jinja import (
+    CODE_RAISED,
+    CODE_RENDER_FAILED,
+    ChatTemplateLimits,
+    GuardedTemplate,
+    compile_chat_template,
+)
 from guard.jinja import render_chat_template as _render
 from guard.tokens import TokenCounter
 
@@ -43,7 +51,8 @@ Flavour = Literal["vllm", "llama_cpp"]
 @dataclass(frozen=True)
 class RenderOutcome:
     """The largest count among the renders that succeeded (``tokens``), or, when none did,
-    ``None`` and the template's own refusal if one render raised it (``raised``)."""
+    ``None`` and the upstream's own refusal if there is one (``raised``: the template's
+    ``raise_exception``, or what vLLM refuses before rendering)."""
 
     tokens: int | None
     raised: GuardError | None = None
@@ -83,7 +92,10 @@ def render_count(
     for flavour in flavours:
         call = _call(flavour, chat, text, special_tokens, max_depth, content_format)
         if call.refused is not None:
-            continue  # the upstream answers 400 before rendering: not a cost
+            # The upstream answers 400 before rendering (vLLM's own checks): not a cost.
+            if raised is None:
+                raised = TemplateError(CODE_RENDER_FAILED, call.refused)
+            continue
         rendered = _render_one(compiled, call, sandbox)
         if isinstance(rendered, GuardError):
             if rendered.code == CODE_RAISED and raised is None:
