@@ -33,6 +33,19 @@ INJECT_FIELD: dict[Endpoint, str] = {
     "responses": "max_output_tokens",
 }
 
+# The pairings vLLM's scoring request models accept (first side, second side): /score's
+# ScoreQueriesDocumentsRequest, ScoreQueriesItemsRequest, ScoreDataRequest, ScoreTextRequest;
+# /rerank's RerankRequest. Each side is one input or a list (a string or {"content": [parts]}).
+SCORE_SIDES: dict[Endpoint, tuple[tuple[str, str], ...]] = {
+    "score": (
+        ("queries", "documents"),
+        ("queries", "items"),
+        ("data_1", "data_2"),
+        ("text_1", "text_2"),
+    ),
+    "rerank": (("query", "documents"),),
+}
+
 _MAX_LAX_STR = 64
 
 

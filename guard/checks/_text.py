@@ -61,6 +61,7 @@ __all__ = [
     "ChatKind",
     "Counting",
     "PromptUnit",
+    "add_content",
     "parse_arguments",
     "prompt_units",
 ]
@@ -279,7 +280,7 @@ def _message(unit: PromptUnit, at: Path, message: Any, c: Counting) -> None:
             continue
         path = (*at, key)
         if key == "content":
-            _content(unit, path, value, c)
+            add_content(unit, path, value, c)
         elif key == "role" and isinstance(value, str) and value in _USUAL_ROLES:
             unit.overhead += len(value)
         elif key == "tool_calls" and isinstance(value, list):
@@ -291,7 +292,8 @@ def _message(unit: PromptUnit, at: Path, message: Any, c: Counting) -> None:
             unit.add(path, value)
 
 
-def _content(unit: PromptUnit, path: Path, content: Any, c: Counting) -> None:
+def add_content(unit: PromptUnit, path: Path, content: Any, c: Counting) -> None:
+    """A message's content: a string, or parts (text, media estimates, extra keys)."""
     if isinstance(content, str):
         if content:
             unit.texts.append((path, content))
@@ -464,7 +466,7 @@ def _responses(body: dict[str, Any], c: Counting) -> PromptUnit:
                 if inner is None or key == "type":
                     continue
                 if key in ("content", "output", "summary") and isinstance(inner, list):
-                    _content(unit, (*at, key), inner, c)
+                    add_content(unit, (*at, key), inner, c)
                 elif key == "arguments":
                     _argument(unit, (*at, key), inner, c)
                 elif key == "role" and isinstance(inner, str) and inner in _USUAL_ROLES:

@@ -51,6 +51,7 @@ from guard.checks._jsonsize import indent4_size, indent4_text
 from guard.checks._placeholders import bound_expansion, parse_source
 from guard.checks._render import Flavour, render_count
 from guard.checks._result import CheckResult, Mutation, pure_check
+from guard.checks._score import score_units
 from guard.checks._template_bound import template_literal_bytes, template_literal_tokens
 from guard.checks._template_source import load_chat_template
 from guard.checks._text import Counting, PromptUnit, prompt_units
@@ -77,7 +78,10 @@ def check_tokens(view: RequestView, policy: Policy) -> CheckResult | None:
     output = _output_cap(body, endpoint, tokens, mutations)
     counter = get_counter(tokens.tokenizer)
     context = _Context(policy, counter, counting_for(policy, counter), output)
-    units = prompt_units(body, endpoint, context.counting)
+    if endpoint in ("score", "rerank"):
+        units = score_units(body, endpoint, context.counting)
+    else:
+        units = prompt_units(body, endpoint, context.counting)
     prompt, exact = _count(units, context, body)
     sequences = 0
     if output is not None:
@@ -262,7 +266,13 @@ def _count(units: list[PromptUnit], ctx: _Context, body: dict[str, Any]) -> tupl
         limit = unit_limit if by_context and unit_limit is not None else remaining
         over = _Over(by_context, tokens, ctx.output)
         used = None
-        if unit.chat is not None and template is not None:
+        if unit.chat is not None and unit.chat.kind == "score":
+            # A scored pair: the template if the upstream uses it (vLLM: only one given with
+            # --chat-template), else the pair tokenized as it is; the larger count.
+            used = _counted(unit, ctx, limit, over)
+            if template is not None:
+                used = max(used, _rendered(unit, ctx, template, limit, over, refuse=False) or 0)
+        elif unit.chat is not None and template is not None:
             used = _rendered(unit, ctx, template, limit, over)
         if used is None:
             used = _counted(unit, ctx, limit, over)
@@ -343,8 +353,11 @@ def _rendered(
     template: tuple[str, tuple[tuple[str, str], ...]],
     limit: int,
     over: _Over,
+    *,
+    refuse: bool = True,
 ) -> int | None:
-    """The unit's exact count from the upstream's template (None: fall back to the bound)."""
+    """The unit's exact count from the upstream's template (None: fall back to the bound);
+    with ``refuse``, the upstream's own refusal of the conversation is raised."""
     assert unit.chat is not None
     policy = ctx.policy
     tokens = policy.limits.tokens
@@ -371,7 +384,7 @@ def _rendered(
             raise over(unit.path) from None
         raise
     if outcome.tokens is None:
-        if outcome.raised is not None:
+        if outcome.raised is not None and refuse:
             raise outcome.raised  # the template refuses this input, as it would upstream
         return None
     return outcome.tokens + fixed

@@ -379,6 +379,15 @@ class FanoutPolicy(Section):
         "vLLM's `VLLM_MAX_NUM_BAD_WORDS`: 128).",
     )
     max_messages: PosInt = Field(default=512, description="Most chat messages in one request.")
+    max_score_pairs: PosInt = Field(
+        default=256,
+        description="Most query-document pairs in one vLLM `/score` or `/rerank` request "
+        "(`documents`, `items`, `text_2`, `data_2`, or the longer of the two lists): each pair "
+        "is a sequence the model runs, its texts counted as prompt tokens "
+        "(`prompts_exceeded`). Batched conversations in embeddings and pooling `messages` / "
+        "`input` are held to `max_prompts` (each is a sequence) and their messages together to "
+        "`max_messages`.",
+    )
     max_content_parts: PosInt = Field(
         default=256, description="Most content parts over all messages of one request."
     )
