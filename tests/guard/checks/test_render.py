@@ -226,3 +226,14 @@ def test_a_template_the_sandbox_refuses_falls_back_with_its_literal_text(tmp_pat
     tokens = policy.limits.tokens
     fields = tokens.per_request_tokens + 3 * (tokens.per_message_tokens + len("user") + 2 + 1)
     assert result.costs["prompt_tokens"] == fields + literal >= counter.count(printed)
+
+
+def test_the_renders_modelled_follow_the_upstream_kind_unless_set() -> None:
+    from guard.checks.tokens import render_flavours
+
+    default = policy_from_yaml("")
+    assert render_flavours(default) == ("vllm", "llama_cpp")  # the kind is not known yet
+    assert render_flavours(default.with_upstream_kind("vllm")) == ("vllm",)
+    assert render_flavours(default.with_upstream_kind("llama_cpp")) == ("llama_cpp",)
+    both = policy_from_yaml("limits: {tokens: {render_like: [vllm, llama_cpp]}}")
+    assert render_flavours(both.with_upstream_kind("vllm")) == ("vllm", "llama_cpp")
