@@ -25,7 +25,8 @@ each prompt plus its output within the context length.
 Costs reported: ``prompt_tokens`` (an upper bound of the upstream's ``usage.prompt_tokens``;
 ``prompt_tokens_exact`` is 1 when it came from counting rather than from bytes), ``media_tokens``
 (the media estimates within it), ``output_tokens`` (the cap per sequence), ``sequences``,
-``output_tokens_reserved`` (cap x sequences) and ``tokens_reserved`` (prompt + reserved output:
+``output_tokens_reserved`` ((cap + llama-cpp-python's known overshoot,
+:data:`OUTPUT_OVERSHOOT`) x sequences) and ``tokens_reserved`` (prompt + reserved output:
 what a token rate limiter charges before forwarding).
 
 Codes: ``max_tokens_exceeded``, ``prompt_tokens_exceeded``, ``context_length_exceeded``,
@@ -60,8 +61,14 @@ from guard.policy._models import Policy, TokensPolicy
 from guard.request_view import Endpoint, RequestView
 from guard.tokens import TokenCounter, get_counter
 
-__all__ = ["check_tokens", "counting_for", "render_flavours"]
+__all__ = ["OUTPUT_OVERSHOOT", "check_tokens", "counting_for", "render_flavours"]
 
+# Output tokens an upstream may generate past the cap, per sequence. llama-cpp-python 0.3.36
+# (Llama._create_completion) skips its max_tokens test while the text ends inside a UTF-8
+# character (`multibyte_fix`): up to 3 more tokens for a 4-byte character cut by the cap (a
+# grammar of 4-byte characters: completion_tokens 8 for max_tokens 5). vLLM stops at the cap.
+# Reserved in front of llama-cpp-python; the reconcile charges what `usage` says.
+OUTPUT_OVERSHOOT = 3
 # Tokens added to each field counted inside a template's text (the fallback bound): a token
 # merged across its edges.
 _EDGE = 1
@@ -87,7 +94,8 @@ def check_tokens(view: RequestView, policy: Policy) -> CheckResult | None:
     if output is not None:
         prompts = len(units) if endpoint in ("completions", "other") else 1
         sequences = sequences_per_prompt(body) * max(1, prompts)
-    reserved = (output or 0) * sequences
+    overshoot = OUTPUT_OVERSHOOT if policy.upstream_kind == "llama_cpp" else 0
+    reserved = ((output or 0) + overshoot) * sequences if output is not None else 0
     costs = {
         "prompt_tokens": prompt,
         "prompt_tokens_exact": int(exact),

@@ -390,3 +390,16 @@ def test_many_messages_are_refused_from_one_bound_before_any_is_measured(
     err = rejection(body, policy=EXACT)
     assert err.code == "prompt_tokens_exceeded" and err.param == "messages[17].content"
     assert measured
+
+
+def test_llama_cpp_python_overshoot_is_reserved() -> None:
+    from guard.checks.tokens import OUTPUT_OVERSHOOT
+    from guard.policy import load_policy
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "n": 2}
+    view = RequestView.build(body, path="/v1/chat/completions")
+    base = load_policy(None, env={})
+    for kind, extra in (("vllm", 0), ("other", 0), ("llama_cpp", OUTPUT_OVERSHOOT)):
+        result = check_tokens(view, base.with_upstream_kind(kind))  # type: ignore[arg-type]
+        assert result.costs["output_tokens"] == 8  # the relay's cap stays the request's
+        assert result.costs["output_tokens_reserved"] == (8 + extra) * 2
