@@ -30,6 +30,7 @@ Costs reported: ``prompt_tokens`` (an upper bound of the upstream's ``usage.prom
 what a token rate limiter charges before forwarding).
 
 Codes: ``max_tokens_exceeded``, ``prompt_tokens_exceeded``, ``context_length_exceeded``,
+``output_cap_bypass`` (:mod:`guard.checks._logit_bias`, in front of all but vLLM),
 ``json_depth_exceeded`` (tool-call arguments nested too deep to parse), and the sandbox's
 ``chat_template_*`` limits and ``deadline_exceeded`` from a render.
 """
@@ -49,6 +50,7 @@ from guard.checks._fields import (
     sequences_per_prompt,
 )
 from guard.checks._jsonsize import indent4_size, indent4_text
+from guard.checks._logit_bias import check_llama_cpp_logit_bias
 from guard.checks._placeholders import bound_expansion, parse_source
 from guard.checks._render import Flavour, render_count
 from guard.checks._result import CheckResult, Mutation, pure_check
@@ -84,6 +86,9 @@ def check_tokens(view: RequestView, policy: Policy) -> CheckResult | None:
     mutations: list[Mutation] = []
     output = _output_cap(body, endpoint, tokens, mutations)
     counter = get_counter(tokens.tokenizer)
+    if policy.upstream_kind != "vllm" and output is not None:
+        # llama-cpp-python's (or an upstream not known yet: it may be one).
+        check_llama_cpp_logit_bias(body, counter)
     context = _Context(policy, counter, counting_for(policy, counter), output)
     if endpoint in ("score", "rerank"):
         units = score_units(body, endpoint, context.counting)
