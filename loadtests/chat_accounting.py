@@ -283,6 +283,9 @@ def guard_policy_yaml(
     ]
     if render_like is not None:
         lines.append(f"    render_like: [{', '.join(render_like)}]")
+    # Renders take milliseconds; on a machine shared with vLLM and other suites a render can
+    # stall past the 1 s default and fall back to the bound, which this comparison is not about.
+    lines += ["  templates:", "    chat_template:", "      deadline_s: 30"]
     lines += ["rate:", "  requests_per_minute: null", "  tokens_per_minute: null"]
     return "\n".join(lines) + "\n"
 

@@ -205,7 +205,8 @@ class UpstreamHandle(Protocol):
 
 class ScriptUpstream:
     """An upstream started (and restarted) by ``scripts/upstreams/upstreams.py`` on a fixed
-    port under its memory cap (``--mem-limit-mb``; the script's default when None)."""
+    port under its memory cap (``--mem-limit-mb``; the script's default when None), with the
+    server's own arguments ``extra`` (``--chat-template FILE``, say)."""
 
     def __init__(
         self,
@@ -215,8 +216,10 @@ class ScriptUpstream:
         mem_limit_mb: int | None = None,
         ready_timeout_s: float = 360.0,
         python: str = sys.executable,
+        extra: Sequence[str] = (),
     ) -> None:
         self.name = name
+        self.extra = tuple(extra)  # the server's own arguments (after `--`)
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.mem_limit_mb = mem_limit_mb
@@ -254,6 +257,8 @@ class ScriptUpstream:
                 "--background", "--json", "--ready-timeout", str(int(self.ready_timeout_s))]  # fmt: skip
         if self.mem_limit_mb is not None:
             args += ["--mem-limit-mb", str(self.mem_limit_mb)]
+        if self.extra:
+            args += ["--", *self.extra]
         done = self._script(*args, timeout=self.ready_timeout_s + 60)
         if done.returncode != 0:
             raise RuntimeError(f"{self.name} did not start: {done.stderr[-4000:]}")

@@ -226,6 +226,19 @@ def conversations(value: Any, path: Path) -> None:
     messages(value, path)
 
 
+def embeddings_input(value: Any, path: Path) -> None:
+    """A prompt (:func:`prompt`), or chat messages or a batch of conversations given as
+    ``input`` (vLLM 0.32's EmbeddingChatInputRequest, EmbeddingBatchChatInputRequest)."""
+    if isinstance(value, list) and value:
+        first = value[0]
+        if isinstance(first, dict) or (
+            isinstance(first, list) and first and isinstance(first[0], dict)
+        ):
+            conversations(value, path)
+            return
+    prompt(value, path)
+
+
 def content_parts(value: Any, path: Path) -> None:
     """Message content: null, a string, or an array of parts: strings (text to vLLM) and
     objects with a ``type`` the guard reads (text types with their text as a string). A part
@@ -462,7 +475,7 @@ COMPLETIONS: dict[str, Validator] = {
 
 EMBEDDINGS: dict[str, Validator] = {
     "model": string,
-    "input": prompt,
+    "input": embeddings_input,
     "messages": conversations,
     "add_generation_prompt": boolean,
     "continue_final_message": boolean,

@@ -9,11 +9,12 @@ Each side is one input or a list of them; an input is a string or ``{"content": 
 second (1:N), else they pair in order (N:N). Every pair is one sequence the model runs: a
 cross-encoder tokenizes ``(query, document)`` as a pair with its special tokens (or renders the
 ``--chat-template`` with ``[{"role": "query"}, {"role": "document"}]`` when one is given), a
-bi-encoder embeds each side alone. So each pair is counted as a unit: both texts (each with a
-token for an edge merged), the ``instruction`` if any, twice the tokenizer's special tokens, the
-media estimates of parts;
-and, when the upstream's chat template is known, rendered as the scoring path renders it, the
-larger count winning (vLLM uses the template only when it is given with ``--chat-template``).
+bi-encoder embeds each side alone, an LLM-as-reranker joins them. So each pair is counted as a
+unit: both texts (and a token for a merge where they are joined), the ``instruction`` if any,
+twice the tokenizer's special tokens, the media estimates of parts;
+and, when the policy names the chat template (``limits.tokens.chat_template`` a file: vLLM's
+``--chat-template``; vLLM never scores with the tokenizer's own template, which ``auto`` finds),
+rendered as the scoring path renders it, the larger count winning.
 A body that carries several pairings is counted for all of them.
 """
 
@@ -81,7 +82,8 @@ def score_units(body: dict[str, Any], endpoint: Endpoint, c: Counting) -> list[P
             d = right[i] if i < len(right) else ""
             q_path: Path = (first, 0 if len(left) == 1 else i) if listed[0] else (first,)
             d_path: Path = (second, i) if listed[1] else (second,)
-            unit = PromptUnit(path=d_path, specials=2 * c.special_tokens, templated=True)
+            # One token for a merge where an LLM-as-reranker joins the two texts.
+            unit = PromptUnit(path=d_path, specials=2 * c.special_tokens, overhead=1)
             _add_input(unit, q_path, q, c)
             _add_input(unit, d_path, d, c)
             # Instruction-taking rerankers put it in every pair's prompt.

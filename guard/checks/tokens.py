@@ -281,9 +281,9 @@ def _count(units: list[PromptUnit], ctx: _Context, body: dict[str, Any]) -> tupl
         used = None
         if unit.chat is not None and unit.chat.kind == "score":
             # A scored pair: the template if the upstream uses it (vLLM: only one given with
-            # --chat-template), else the pair tokenized as it is; the larger count.
+            # --chat-template, never the tokenizer's own), else the pair as it is; the larger.
             used = _counted(unit, ctx, limit, over)
-            if template is not None:
+            if template is not None and tokens.chat_template != "auto":
                 used = max(used, _rendered(unit, ctx, template, limit, over, refuse=False) or 0)
         elif unit.chat is not None and template is not None:
             used = _rendered(unit, ctx, template, limit, over)

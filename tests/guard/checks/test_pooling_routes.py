@@ -30,8 +30,8 @@ def _prompt(policy: Policy, path: str, body: dict[str, Any]) -> int:
 
 def _pair(q: str, d: str) -> int:
     counter = get_counter()
-    # Each text with a token for a merged edge, and twice the special tokens of one sequence.
-    return counter.count(q) + 1 + counter.count(d) + 1 + 2 * counter.special_tokens
+    # Both texts, a token for a merge where they are joined, twice one sequence's specials.
+    return counter.count(q) + counter.count(d) + 1 + 2 * counter.special_tokens
 
 
 @pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank"])
