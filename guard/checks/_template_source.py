@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guard.jinja import compile_chat_template
+from guard.errors import GuardError, LimitExceeded
+from guard.jinja import (
+    CODE_INVALID,
+    CODE_NOT_ALLOWED,
+    CODE_SECURITY,
+    compile_chat_template,
+    render_chat_template,
+)
 
 __all__ = [
     "ChatTemplateSource",
@@ -275,13 +282,34 @@ def load_chat_template(spec: str | None, tokenizer: str) -> ChatTemplateSource |
     )
 
 
+# The guard's own refusals of a template (not of one input): at start-up, an error.
+_SANDBOX_CODES = frozenset({CODE_SECURITY, CODE_NOT_ALLOWED, CODE_INVALID})
+
+
 def check_chat_template_source(policy: Any) -> ChatTemplateSource | None:
-    """Load and compile the policy's chat template (for errors at start-up, not per request)."""
+    """Load, compile and render once the policy's chat template (for errors at start-up, naming
+    the file, not per request). The render is an ordinary chat as vLLM passes it: a template the
+    sandbox cannot render (an operation it refuses, a filter it lacks) is an error; one that
+    raises for this input (a RAG template without documents) is not."""
+    from guard.checks._text import ChatInput
+    from guard.checks._vllm_chat import vllm_call
+
     tokens = policy.limits.tokens
     source = load_chat_template(tokens.chat_template, tokens.tokenizer)
-    if source is not None:
-        sandbox = policy.limits.templates.chat_template
-        for text in (source.default, source.tool_use):
-            if text is not None:
-                compile_chat_template(text, sandbox)
+    if source is None:
+        return None
+    sandbox = policy.limits.templates.chat_template
+    chat = ChatInput(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], {}
+    )
+    for text in (source.default, source.tool_use):
+        if text is None:
+            continue
+        try:
+            compiled = compile_chat_template(text, sandbox)
+            variables = vllm_call(chat, text, source.special_tokens, 32).variables
+            render_chat_template(compiled, variables, limits=sandbox)
+        except GuardError as exc:
+            if exc.code in _SANDBOX_CODES or isinstance(exc, LimitExceeded):
+                raise ValueError(f"{source.origin}: {exc.message}") from None
     return source

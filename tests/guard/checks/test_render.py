@@ -192,6 +192,7 @@ def test_renders_are_independent_and_failures_say_why() -> None:
 
 
 def _policy(tmp_path: Path, template: str) -> Policy:
+    tmp_path.mkdir(exist_ok=True)
     (tmp_path / "chat_template.jinja").write_text(template)
     return policy_from_yaml(
         f"limits: {{tokens: {{chat_template: '{tmp_path / 'chat_template.jinja'}', "
@@ -210,12 +211,18 @@ def test_a_raising_template_is_the_upstreams_400(tmp_path: Path) -> None:
 
 def test_a_template_the_sandbox_refuses_falls_back_with_its_literal_text(tmp_path: Path) -> None:
     preamble = "You are a careful assistant. Answer in full sentences. " * 20
+    # Refused by the sandbox only for a conversation that ends with the assistant (so not at
+    # start-up, whose trial render is an ordinary chat).
     template = (
         preamble + "{% for m in messages %}<|START|>{{ m.role }}: {{ m.content }}<|END|>"
-        "{% endfor %}{{ messages.__class__.__mro__ }}"
+        "{% endfor %}{% if messages[-1].role == 'assistant' %}{{ messages.__class__.__mro__ }}"
+        "{% endif %}"
     )
     policy = _policy(tmp_path, template)
-    body = {"messages": [{"role": "user", "content": "hello there"}] * 3}
+    body = {
+        "messages": [{"role": "user", "content": "hello there"}] * 2
+        + [{"role": "assistant", "content": "hello there"}]
+    }
     result = check_tokens(RequestView.build(body, path="/v1/chat/completions"), policy)
     assert result.rejection is None
     counter = get_counter()
@@ -224,8 +231,17 @@ def test_a_template_the_sandbox_refuses_falls_back_with_its_literal_text(tmp_pat
     literal = counter.count(preamble) + 1 + 3 * (counter.count("<|START|>") + 1)
     literal += 3 * (counter.count(": ") + 1 + counter.count("<|END|>") + 1)
     tokens = policy.limits.tokens
-    fields = tokens.per_request_tokens + 3 * (tokens.per_message_tokens + len("user") + 2 + 1)
+    roles = 2 * len("user") + len("assistant")
+    fields = tokens.per_request_tokens + 3 * (tokens.per_message_tokens + 2 + 1) + roles
     assert result.costs["prompt_tokens"] == fields + literal >= counter.count(printed)
+
+
+def test_a_template_the_sandbox_cannot_render_is_a_start_up_error(tmp_path: Path) -> None:
+    from guard.errors import PolicyError
+
+    with pytest.raises(PolicyError, match=r"chat_template\.jinja: the chat template was refused"):
+        _policy(tmp_path, "{{ messages.__class__.__mro__ }}")
+    _policy(tmp_path / "rag", "{% for d in documents %}{{ d.text }}{% endfor %}")
 
 
 def test_the_renders_modelled_follow_the_upstream_kind_unless_set() -> None:
