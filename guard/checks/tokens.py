@@ -57,7 +57,7 @@ from guard.checks._result import CheckResult, Mutation, pure_check
 from guard.checks._score import score_units
 from guard.checks._template_bound import template_literal_bytes, template_literal_tokens
 from guard.checks._template_source import load_chat_template
-from guard.checks._text import Counting, PromptUnit, prompt_units
+from guard.checks._text import ChatInput, Counting, PromptUnit, prompt_units
 from guard.errors import LimitExceeded
 from guard.policy._models import Policy, TokensPolicy
 from guard.request_view import Endpoint, RequestView
@@ -222,7 +222,11 @@ def _fixed(unit: PromptUnit) -> int:
 
 
 def _upper_bound(
-    units: list[PromptUnit], ctx: _Context, unit_limit: int | None, template: str | None
+    units: list[PromptUnit],
+    ctx: _Context,
+    unit_limit: int | None,
+    template: str | None,
+    body: dict[str, Any],
 ) -> int | None:
     """The UTF-8 byte count (plus ids, overheads and the chat template's own text) when it
     proves every limit holds."""
@@ -251,8 +255,9 @@ def _upper_bound(
             if total + size > total_limit:
                 return None
         size += _template_size(unit, _utf8_len, depth, total_limit + 1)
-        if unit.chat is not None and template is not None:
-            size += template_literal_bytes(template, unit.chat)
+        sizing = unit.chat or _responses_chat(unit, body)
+        if sizing is not None and template is not None:
+            size += template_literal_bytes(template, sizing)
         if unit_limit is not None and size > unit_limit:
             return None
         total += size
@@ -269,7 +274,9 @@ def _count(units: list[PromptUnit], ctx: _Context, body: dict[str, Any]) -> tupl
     template = _template_for(body, ctx.policy)
     exact = tokens.exact_costs if tokens.exact_costs is not None else template is not None
     if ctx.counter.byte_bounds and not exact:
-        bound = _upper_bound(units, ctx, unit_limit, None if template is None else template[0])
+        bound = _upper_bound(
+            units, ctx, unit_limit, None if template is None else template[0], body
+        )
         if bound is not None:
             return bound, False
     remaining = tokens.max_prompt_tokens
@@ -289,14 +296,24 @@ def _count(units: list[PromptUnit], ctx: _Context, body: dict[str, Any]) -> tupl
             used = _rendered(unit, ctx, template, limit, over)
         if used is None:
             used = _counted(unit, ctx, limit, over)
-            if unit.chat is not None and template is not None:
-                # No render succeeded: the template's own text, bounded from its source.
-                used += template_literal_tokens(template[0], ctx.counter, unit.chat)
+            sizing = unit.chat or _responses_chat(unit, body)
+            if sizing is not None and template is not None:
+                # No render (or none modelled: the Responses API's input, which vLLM renders
+                # with the template too): the template's own text, bounded from its source.
+                used += template_literal_tokens(template[0], ctx.counter, sizing)
                 if used > limit:
                     raise over(unit.path)
         total += used
         remaining -= used
     return total, True
+
+
+def _responses_chat(unit: PromptUnit, body: dict[str, Any]) -> ChatInput | None:
+    """The Responses API's input items as a conversation, to size the template's loops."""
+    if not unit.templated or unit.chat is not None:
+        return None
+    items = body.get("input")
+    return ChatInput(items if isinstance(items, list) else [items], body)
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,3 +253,12 @@ def test_the_renders_modelled_follow_the_upstream_kind_unless_set() -> None:
     assert render_flavours(default.with_upstream_kind("llama_cpp")) == ("llama_cpp",)
     both = policy_from_yaml("limits: {tokens: {render_like: [vllm, llama_cpp]}}")
     assert render_flavours(both.with_upstream_kind("vllm")) == ("vllm", "llama_cpp")
+
+
+def test_the_responses_api_counts_the_templates_own_text(tmp_path: Path) -> None:
+    preamble = "You are a careful assistant. Answer in full sentences. " * 20
+    policy = _policy(tmp_path, preamble + "{% for m in messages %}{{ m.content }}{% endfor %}")
+    view = RequestView.build({"input": "hi", "max_output_tokens": 8}, path="/v1/responses")
+    result = check_tokens(view, policy)
+    assert result.rejection is None
+    assert result.costs["prompt_tokens"] > get_counter().count(preamble)
