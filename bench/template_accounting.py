@@ -21,13 +21,14 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from corpus_upstreams import start_guard  # noqa: E402  (this folder: the guard as run there)
 
 from loadtests.chat_accounting import (  # noqa: E402
     CHATS,
@@ -40,22 +41,7 @@ from loadtests.chat_accounting import (  # noqa: E402
     summarize,
 )
 from loadtests.upstream_corpus import ScriptUpstream  # noqa: E402
-from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard_argv  # noqa: E402
-
-GUARD_MEM_LIMIT = 1 << 30
-
-
-def start_guard(upstream_url: str, policy: Path) -> RunningServer:
-    def argv(ports: Mapping[str, int], host: str) -> list[str]:
-        return schedguard_argv("serve", "--upstream", upstream_url, "--policy", str(policy),
-                               "--host", host, "--port", str(ports["guard"]),
-                               "--log-level", "warning")  # fmt: skip
-
-    spec = ServerSpec("guard", argv, health_path="/readyz")
-    server = RunningServer(spec, {"guard": free_port("127.0.0.1")}, "127.0.0.1",
-                           mem_limit_bytes=GUARD_MEM_LIMIT)  # fmt: skip
-    server.wait_ready(120)
-    return server
+from schedguard._servers import RunningServer, free_port  # noqa: E402
 
 
 def run_template(

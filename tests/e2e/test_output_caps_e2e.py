@@ -9,34 +9,20 @@ answers 500 (the guard refuses it: ``output_cap_bypass``). vLLM stops at the cap
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from guard.checks.tokens import OUTPUT_OVERSHOOT
 from guard.tokens import get_counter
+from loadtests.chat_accounting import post_json
 from schedguard._servers import RunningServer
 from tests._guard_process import guard_spec, start
 from tests.e2e.conftest import RunningUpstream
 
 # Four 4-byte characters: byte-level tokens, so the cap can fall inside one.
 FOUR_BYTE_GRAMMAR = "root ::= " + " ".join(["[\\U00010000-\\U0001FFFF]"] * 6)
-
-
-def _post(url: str, body: dict[str, Any], timeout_s: float = 300.0) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"content-type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()[:300].decode(errors="replace")
 
 
 def _lead_byte(tokenizer: Path) -> int:
@@ -69,11 +55,11 @@ def test_llama_cpp_python_overshoots_by_at_most_what_the_guard_reserves(
     over = []
     for max_tokens in (5, 6, 7, 9):
         body = {"prompt": "Hi", "max_tokens": max_tokens, "grammar": FOUR_BYTE_GRAMMAR, "seed": 1}
-        _, verdict = _post(f"{guarded_llamacpp}/guard/v1/check?path=/v1/completions", body)
+        _, verdict = post_json(f"{guarded_llamacpp}/guard/v1/check?path=/v1/completions", body)
         assert verdict["allowed"], verdict
         reserved = verdict["costs"]["output_tokens_reserved"]
         assert reserved == max_tokens + OUTPUT_OVERSHOOT
-        status, reply = _post(llamacpp_upstream.base_url + "/v1/completions", body)
+        status, reply = post_json(llamacpp_upstream.base_url + "/v1/completions", body)
         assert status == 200, reply
         completion = reply["usage"]["completion_tokens"]
         assert completion <= reserved, (max_tokens, completion)
@@ -91,10 +77,11 @@ def test_a_lead_byte_bias_runs_llama_cpp_python_to_its_context_and_the_guard_ref
         "logit_bias": {str(lead): 5},
         "temperature": 0,
     }
-    status, reply = _post(guarded_llamacpp + "/v1/chat/completions", body)
+    status, reply = post_json(guarded_llamacpp + "/v1/chat/completions", body)
     assert status == 400 and reply and "output_cap_bypass" in str(reply), reply
     # Straight to it: far past max_tokens (a 500 once its context is full).
-    status, reply = _post(llamacpp_upstream.base_url + "/v1/chat/completions", body)
+    url = llamacpp_upstream.base_url + "/v1/chat/completions"
+    status, reply = post_json(url, body, timeout_s=300.0)
     if status == 200:
         assert reply["usage"]["completion_tokens"] > 8 + OUTPUT_OVERSHOOT, reply
     else:
@@ -110,6 +97,6 @@ def test_vllm_stops_at_max_tokens_whatever_the_bias(vllm_upstream: RunningUpstre
         "logit_bias": {str(lead): 100},
         "temperature": 0,
     }
-    status, reply = _post(vllm_upstream.base_url + "/v1/chat/completions", body)
+    status, reply = post_json(vllm_upstream.base_url + "/v1/chat/completions", body)
     assert status == 200, reply
     assert reply["usage"]["completion_tokens"] == 8
