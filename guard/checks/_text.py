@@ -28,8 +28,9 @@ docs/POLICY.md):
   media URLs are also text: llama-cpp-python hands list content to a text-only template as it
   is.
 
-Completions, embeddings ``input`` and ``/tokenize`` ``prompt``: each prompt string or token-id
-list is a unit, plus the tokenizer's special tokens unless ``add_special_tokens`` is false, and
+Completions, embeddings (and vLLM's ``/classify`` and ``/pooling``) ``input`` and
+``/tokenize`` ``prompt``: each prompt string or token-id list is a unit (a pooling plugin's
+``data``: its strings), plus the tokenizer's special tokens unless ``add_special_tokens`` is false, and
 ``suffix``. The Responses API: ``instructions``, ``input`` (a string, or items read like
 messages), ``tools``. ``prompt_template`` with ``template_vars`` (schedguard's extension) is
 bounded by its expansion.

