@@ -61,7 +61,7 @@ from guard.checks._render import Flavour, render_count
 from guard.checks._result import CheckResult, Mutation, pure_check
 from guard.checks._score import score_units
 from guard.checks._template_bound import template_literal_bytes, template_literal_tokens
-from guard.checks._template_source import load_chat_template
+from guard.checks._template_source import load_chat_template, tokenizer_special_tokens
 from guard.checks._text import ChatInput, Counting, PromptUnit, prompt_units
 from guard.errors import LimitExceeded
 from guard.policy._models import Policy, TokensPolicy
@@ -354,7 +354,10 @@ def _template_for(
     request's own when the policy accepts request templates, else the configured one."""
     tokens = policy.limits.tokens
     configured = load_chat_template(tokens.chat_template, tokens.tokenizer)
-    special = configured.special_tokens if configured is not None else ()
+    if configured is not None:
+        special = configured.special_tokens
+    else:  # a request's template alone: the tokenizer's tokens all the same
+        special = tokenizer_special_tokens(tokens.tokenizer) or ()
     if policy.limits.templates.allow_request_chat_template:
         kwargs = body.get("chat_template_kwargs")
         for source in (
