@@ -41,6 +41,7 @@ from loadtests.upstream_corpus import (  # noqa: E402
     CorpusBudgets,
     PayloadOutcome,
     ScriptUpstream,
+    corpus_routes,
     guard_policy,
     run_corpus,
     summarize,
@@ -94,7 +95,8 @@ def run_config(
         target = up.base_url
         if mode == "guarded":
             guard = start_guard(
-                up.base_url, guard_policy(tmp / f"{name}-{mode}", up.tokenizer_json)
+                up.base_url,
+                guard_policy(tmp / f"{name}-{mode}", up.tokenizer_json, corpus_routes(payloads)),
             )
             target = guard.url
 

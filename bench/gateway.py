@@ -496,6 +496,9 @@ def load_attacks(max_body: int) -> tuple[list[Attack], list[WrkRequest], list[st
     for p in load_corpus(kind="attack"):
         if p.layer != "pipeline" or p.method != "POST":
             continue
+        if p.routes:
+            skipped.append(p.id)  # a vLLM route the bench policy does not proxy (nor the mock)
+            continue
         if p.size_bound > max_body:
             skipped.append(p.id)  # refused from its Content-Length alone: framing, not checks
             continue
@@ -511,7 +514,7 @@ def load_attacks(max_body: int) -> tuple[list[Attack], list[WrkRequest], list[st
     benign = [
         WrkRequest(p.endpoint, p.body_bytes(), p.header_items())
         for p in load_corpus(kind="benign")
-        if p.layer == "pipeline" and p.method == "POST"
+        if p.layer == "pipeline" and p.method == "POST" and not p.routes
     ]
     benign.append(WrkRequest(CHAT, json.dumps(BENCH_BODY).encode()))
     return attacks, benign, skipped

@@ -39,6 +39,7 @@ from guard.admission import (
     make_rate_limiter,
 )
 from guard.answer import Answer, RelayArgs
+from guard.checks import lax_bool
 from guard.errors import GuardError
 from guard.exchange import Admission, Exchange, Opened, check_outcomes
 from guard.http import Upstream, decode_body, head_refusals, inspect_head
@@ -144,7 +145,7 @@ def _include_usage(obj: Any) -> bool:
     if not isinstance(obj, dict):
         return False
     options = obj.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
+    return isinstance(options, dict) and lax_bool(options.get("include_usage")) is True
 
 
 class Gateway:
@@ -280,7 +281,7 @@ class Gateway:
         costs = verdict.costs
         ex.prompt_tokens = costs.get("prompt_tokens", 0)
         obj = verdict.view.obj if verdict.view is not None else None
-        ex.stream = obj is not None and obj.get("stream") is True
+        ex.stream = obj is not None and lax_bool(obj.get("stream")) is True
         relay_args = {
             "max_tokens": costs.get("output_tokens") or None,
             "n": costs.get("sequences", 1),

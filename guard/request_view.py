@@ -36,12 +36,33 @@ __all__ = [
     "upstream_target",
 ]
 
-Endpoint = Literal["chat", "completions", "embeddings", "responses", "tokenize", "models", "other"]
+# What a path serves. ``pooling``: vLLM's /classify and /pooling (``input`` or ``messages``, as
+# embeddings); ``score``: /score (pairs of ``text_1``/``text_2``, ``queries``/``documents``, ...);
+# ``rerank``: /rerank (a ``query`` against ``documents``).
+Endpoint = Literal[
+    "chat",
+    "completions",
+    "embeddings",
+    "pooling",
+    "score",
+    "rerank",
+    "responses",
+    "tokenize",
+    "models",
+    "other",
+]
 
 _ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/classify": "pooling",
+    "/pooling": "pooling",
+    "/score": "score",
+    "/v1/score": "score",
+    "/rerank": "rerank",
+    "/v1/rerank": "rerank",
+    "/v2/rerank": "rerank",
     "/v1/responses": "responses",
     "/tokenize": "tokenize",
     "/v1/tokenize": "tokenize",

@@ -81,7 +81,9 @@ class Replay:
 
 
 def _replays(payloads: Iterable[Payload]) -> list[Replay]:
-    return [Replay(p) for p in payloads]
+    # Payloads for routes the load-test policy does not proxy (vLLM's pooling and scoring
+    # routes, which the reference scheduler does not serve) are left out.
+    return [Replay(p) for p in payloads if not p.routes]
 
 
 def load_attacks(

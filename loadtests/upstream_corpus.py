@@ -51,6 +51,7 @@ __all__ = [
     "PayloadOutcome",
     "ScriptUpstream",
     "UpstreamHandle",
+    "corpus_routes",
     "guard_policy",
     "healthy",
     "prepare",
@@ -81,15 +82,22 @@ class CorpusBudgets:
     stalled_timeout_s: float = 20.0
 
 
-def guard_policy(tmp: Path, tokenizer: Path) -> Path:
+def corpus_routes(payloads: Iterable[Payload]) -> tuple[str, ...]:
+    """The upstream routes the payloads need proxied (vLLM's pooling and scoring routes)."""
+    return tuple(sorted({route for p in payloads for route in p.routes}))
+
+
+def guard_policy(tmp: Path, tokenizer: Path, routes: Sequence[str] = ()) -> Path:
     """The default policy with the model's tokenizer named (exact counts), the token caps set
     for this server (prompts up to its 4096-token context less the output cap; outputs clamped
     to 512 tokens, which the CPU servers generate within the latency budget) and no rate limits:
     the corpus is sent one payload after another by one client, and what is measured is what
-    each payload does to the upstream, not the rate limiter. bench/corpus_upstreams.py and
+    each payload does to the upstream, not the rate limiter; ``routes`` proxied besides the
+    defaults (:func:`corpus_routes`). bench/corpus_upstreams.py and
     tests/e2e/test_corpus_e2e.py both use it."""
     policy = tmp / "policy.yaml"
     policy.write_text(
+        f"routes: [{', '.join(routes)}]\n"
         f"limits:\n  tokens:\n    tokenizer: {tokenizer}\n"
         "    max_prompt_tokens: 3584\n    max_output_tokens: 512\n    over_max_output: clamp\n"
         "rate:\n  requests_per_minute: null\n  tokens_per_minute: null\n"
@@ -197,7 +205,8 @@ class UpstreamHandle(Protocol):
 
 class ScriptUpstream:
     """An upstream started (and restarted) by ``scripts/upstreams/upstreams.py`` on a fixed
-    port under its memory cap (``--mem-limit-mb``; the script's default when None)."""
+    port under its memory cap (``--mem-limit-mb``; the script's default when None), with the
+    server's own arguments ``extra`` (``--chat-template FILE``, say)."""
 
     def __init__(
         self,
@@ -207,8 +216,10 @@ class ScriptUpstream:
         mem_limit_mb: int | None = None,
         ready_timeout_s: float = 360.0,
         python: str = sys.executable,
+        extra: Sequence[str] = (),
     ) -> None:
         self.name = name
+        self.extra = tuple(extra)  # the server's own arguments (after `--`)
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.mem_limit_mb = mem_limit_mb
@@ -246,6 +257,8 @@ class ScriptUpstream:
                 "--background", "--json", "--ready-timeout", str(int(self.ready_timeout_s))]  # fmt: skip
         if self.mem_limit_mb is not None:
             args += ["--mem-limit-mb", str(self.mem_limit_mb)]
+        if self.extra:
+            args += ["--", *self.extra]
         done = self._script(*args, timeout=self.ready_timeout_s + 60)
         if done.returncode != 0:
             raise RuntimeError(f"{self.name} did not start: {done.stderr[-4000:]}")

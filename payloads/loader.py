@@ -118,6 +118,7 @@ _FIELDS = frozenset(
         "found",
         "cost",
         "tags",
+        "routes",
     }
 )
 _BODY_FIELDS = ("body", "body_text", "body_b64")
@@ -219,6 +220,9 @@ class Payload:
     finding: FindingMetadata | None = None
     cost: FindingCost | None = None
     tags: tuple[str, ...] = ()
+    # Upstream routes the policy must proxy for this payload to be judged (vLLM's pooling and
+    # scoring routes are not proxied by default): added to the default policy's `routes`.
+    routes: tuple[str, ...] = ()
     header_bound: int = 0
     _body: _BodySpec = field(default=_BodySpec("bytes"), repr=False)
     _generated_headers: tuple[_HeaderSpec, ...] = field(default=(), repr=False)
@@ -464,6 +468,19 @@ def _transport(r: _Reader) -> Transport | None:
     return Transport(size, None if delay is None else float(delay), length)
 
 
+_ROUTE = re.compile(r"/[A-Za-z0-9._~/-]*")
+
+
+def _routes(r: _Reader, endpoint: str) -> tuple[str, ...]:
+    routes = _strings(r, "routes")
+    for route in routes:
+        if not _ROUTE.fullmatch(route) or "//" in route or ".." in route:
+            raise r.fail("routes", f"{route[:80]!r} is not a plain absolute path")
+    if routes and endpoint.split("?", 1)[0] not in routes:
+        raise r.fail("routes", "lists routes but not the payload's own endpoint")
+    return routes
+
+
 def _strings(r: _Reader, name: str) -> tuple[str, ...]:
     value = r.data.get(name, [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -569,6 +586,7 @@ def parse_payload(data: Any, path: Path) -> Payload:
         finding=finding,
         cost=cost,
         tags=_strings(r, "tags"),
+        routes=_routes(r, endpoint),
         header_bound=header_bound,
         _body=body,
         _generated_headers=gen_headers,

@@ -53,6 +53,11 @@ class Received:
     body: bytes
 
 
+# vLLM's pooling and scoring routes: answered like a completion (the tests judge the guard).
+POOLING_ROUTES = ("/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/classify",
+                  "/pooling")  # fmt: skip
+
+
 @dataclass
 class FakeUpstream:
     received: list[Received] = field(default_factory=list)
@@ -66,7 +71,8 @@ class FakeUpstream:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model}", self._model)
-        for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize"):
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize",
+                     *POOLING_ROUTES):  # fmt: skip
             app.router.add_post(path, self._generate)
         return app
 

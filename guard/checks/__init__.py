@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from guard.checks._fields import lax_bool
 from guard.checks._result import PASS, CheckFn, CheckResult, Mutation, apply_mutations
 from guard.checks.fanout import check_fanout
 from guard.checks.guided import check_guided
@@ -32,6 +33,7 @@ __all__ = [
     "check_schema",
     "check_templates",
     "check_tokens",
+    "lax_bool",
 ]
 
 CHECKS: Mapping[str, CheckFn] = MappingProxyType(

@@ -116,6 +116,10 @@ RULES: Mapping[Endpoint, Mapping[str, Callable[[Any], None]]] = {
     "chat": _ANY,
     "completions": _ANY,
     "embeddings": {**_ANY, "padding": _padding},
+    # vLLM's pooling requests all take `padding` (PoolingBasicRequestMixin).
+    "pooling": {**_ANY, "padding": _padding},
+    "score": {**_ANY, "padding": _padding},
+    "rerank": {**_ANY, "padding": _padding},
     "tokenize": _ANY,
     "other": _ANY,
     "responses": {

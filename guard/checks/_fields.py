@@ -33,6 +33,19 @@ INJECT_FIELD: dict[Endpoint, str] = {
     "responses": "max_output_tokens",
 }
 
+# The pairings vLLM's scoring request models accept (first side, second side): /score's
+# ScoreQueriesDocumentsRequest, ScoreQueriesItemsRequest, ScoreDataRequest, ScoreTextRequest;
+# /rerank's RerankRequest. Each side is one input or a list (a string or {"content": [parts]}).
+SCORE_SIDES: dict[Endpoint, tuple[tuple[str, str], ...]] = {
+    "score": (
+        ("queries", "documents"),
+        ("queries", "items"),
+        ("data_1", "data_2"),
+        ("text_1", "text_2"),
+    ),
+    "rerank": (("query", "documents"),),
+}
+
 _MAX_LAX_STR = 64
 
 
@@ -61,6 +74,27 @@ def lax_int(value: Any) -> int | None:
             return lax_int(float(text))
         except ValueError:
             return None
+    return None
+
+
+# pydantic's lax booleans (vLLM's request models type their switches as bool).
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def lax_bool(value: Any) -> bool | None:
+    """``value`` as pydantic (vLLM's request models) reads a bool: true/false, 0/1 and the
+    strings ``"true"``, ``"no"``, ``"1"``, ...; None when no upstream would read it so."""
+    if isinstance(value, bool):
+        return value
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and len(value) <= _MAX_LAX_STR:
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
     return None
 
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from guard.checks._fields import Path
+from guard.checks._fields import SCORE_SIDES, Path
 from guard.request_view import Endpoint
 
 __all__ = [
@@ -195,7 +195,15 @@ def media_payload(part: dict[str, Any], kind: PartKind) -> tuple[Any, Path]:
 def conversations(body: dict[str, Any], endpoint: Endpoint) -> Iterator[tuple[Path, list[Any]]]:
     """Every list of chat messages in the body: ``messages`` (one conversation, or a list of
     them: vLLM's batched chat and embeddings), chat messages given as embeddings ``input``, and
-    the Responses API's ``input`` items."""
+    the Responses API's ``input`` items; and the inputs of vLLM's score and rerank sides
+    (``{"content": [parts]}``, read as messages)."""
+    sides = dict.fromkeys(side for pairing in SCORE_SIDES.get(endpoint, ()) for side in pairing)
+    for side in sides:
+        value = body.get(side)
+        if isinstance(value, dict):
+            yield (side,), [value]
+        elif isinstance(value, list) and value:
+            yield (side,), value
     for name in ("messages", "input"):
         value = body.get(name)
         if not isinstance(value, list) or not value:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from guard.checks._fields import Path, fmt_path, is_int, is_number
+from guard.checks._fields import Path, fmt_path, is_int, is_number, lax_bool
 from guard.checks._parts import (
     EMBEDS_TYPES,
     MEDIA_TYPES,
@@ -54,7 +54,8 @@ def number(value: Any, path: Path) -> None:
 
 
 def boolean(value: Any, path: Path) -> None:
-    if type(value) is not bool:
+    # Read as vLLM's pydantic models read it ("false", 0 and "no" are booleans to them).
+    if lax_bool(value) is None:
         raise _type_error(path, "true or false")
 
 
@@ -230,6 +231,19 @@ def conversations(value: Any, path: Path) -> None:
             messages(conversation, (*path, i))
         return
     messages(value, path)
+
+
+def embeddings_input(value: Any, path: Path) -> None:
+    """A prompt (:func:`prompt`), or chat messages or a batch of conversations given as
+    ``input`` (vLLM 0.32's EmbeddingChatInputRequest, EmbeddingBatchChatInputRequest)."""
+    if isinstance(value, list) and value:
+        first = value[0]
+        if isinstance(first, dict) or (
+            isinstance(first, list) and first and isinstance(first[0], dict)
+        ):
+            conversations(value, path)
+            return
+    prompt(value, path)
 
 
 def content_parts(value: Any, path: Path) -> None:
@@ -471,7 +485,7 @@ COMPLETIONS: dict[str, Validator] = {
 
 EMBEDDINGS: dict[str, Validator] = {
     "model": string,
-    "input": prompt,
+    "input": embeddings_input,
     "messages": conversations,
     "add_generation_prompt": boolean,
     "continue_final_message": boolean,

@@ -28,8 +28,9 @@ docs/POLICY.md):
   media URLs are also text: llama-cpp-python hands list content to a text-only template as it
   is.
 
-Completions, embeddings ``input`` and ``/tokenize`` ``prompt``: each prompt string or token-id
-list is a unit, plus the tokenizer's special tokens unless ``add_special_tokens`` is false, and
+Completions, embeddings (and vLLM's ``/classify`` and ``/pooling``) ``input`` and
+``/tokenize`` ``prompt``: each prompt string or token-id list is a unit (a pooling plugin's
+``data``: its strings), plus the tokenizer's special tokens unless ``add_special_tokens`` is false, and
 ``suffix``. The Responses API: ``instructions``, ``input`` (a string, or items read like
 messages), ``tools``. ``prompt_template`` with ``template_vars`` (schedguard's extension) is
 bounded by its expansion.
@@ -42,9 +43,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from guard.checks._fields import Path, is_int, prompt_items
+from guard.checks._fields import Path, is_int, lax_bool, prompt_items
 from guard.checks._parts import (
     KNOWN_PART_FIELDS,
     VIDEO_FRAMES_READ,
@@ -55,7 +56,16 @@ from guard.checks._parts import (
 from guard.json import json_depth
 from guard.request_view import Endpoint
 
-__all__ = ["Argument", "ChatInput", "Counting", "PromptUnit", "parse_arguments", "prompt_units"]
+__all__ = [
+    "Argument",
+    "ChatInput",
+    "ChatKind",
+    "Counting",
+    "PromptUnit",
+    "add_content",
+    "parse_arguments",
+    "prompt_units",
+]
 
 # Roles whose name is short ASCII: counted as overhead (their bytes bound their tokens).
 _USUAL_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -100,12 +110,19 @@ class Argument:
     parsed: dict[str, Any]
 
 
+# How the upstream renders a conversation: chat completions; /tokenize; the pooling routes
+# (embeddings, /classify, /pooling: no tools, no generation prompt by default); a scored pair.
+ChatKind = Literal["chat", "tokenize", "pooling", "score"]
+
+
 @dataclass(frozen=True, slots=True)
 class ChatInput:
-    """What rendering one conversation needs: its messages and the request around them."""
+    """What rendering one conversation needs: its messages, the request around them, and which
+    route renders it."""
 
     messages: list[Any]
     body: dict[str, Any]
+    kind: ChatKind = "chat"
 
 
 @dataclass(slots=True)
@@ -137,21 +154,37 @@ class PromptUnit:
             self.values.append((path, value))
 
 
+# The conversation kind each endpoint renders (ChatKind).
+_CHAT_KIND: dict[Endpoint, ChatKind] = {
+    "chat": "chat",
+    "tokenize": "tokenize",
+    "embeddings": "pooling",
+    "pooling": "pooling",
+}
+
+
 def prompt_units(body: dict[str, Any], endpoint: Endpoint, counting: Counting) -> list[PromptUnit]:
     if endpoint == "chat":
         return _chat_units(body, counting)
     if endpoint == "completions":
         return _prompts(body, "prompt", counting)
-    if endpoint in ("embeddings", "tokenize", "other"):
+    if endpoint in ("embeddings", "pooling", "tokenize", "other"):
+        kind = _CHAT_KIND.get(endpoint, "chat")
         if isinstance(body.get("messages"), list):
-            return _chat_units(body, counting)
-        for name in ("input", "prompt") if endpoint == "embeddings" else ("prompt", "input"):
+            return _chat_units(body, counting, kind=kind)
+        pooled = endpoint in ("embeddings", "pooling")
+        for name in ("input", "prompt") if pooled else ("prompt", "input"):
             value = body.get(name)
             if value is None:
                 continue
-            if endpoint == "embeddings" and _are_conversations(value):
-                return _chat_units(body, counting, name)
+            if pooled and _are_conversations(value):
+                return _chat_units(body, counting, name, kind)
             return _prompts(body, name, counting)
+        if endpoint == "pooling" and "data" in body:
+            # An IO-processor plugin's input: whatever it tokenizes comes from these values.
+            unit = PromptUnit(path=("data",), specials=counting.special_tokens)
+            unit.add(("data",), body["data"])
+            return [unit]
         return []
     if endpoint == "responses":
         return [_responses(body, counting)]
@@ -185,21 +218,25 @@ def _templates(unit: PromptUnit, body: dict[str, Any]) -> None:
 # -- chat ---------------------------------------------------------------------------------------
 
 
-def _chat_units(body: dict[str, Any], c: Counting, name: str = "messages") -> list[PromptUnit]:
+def _chat_units(
+    body: dict[str, Any], c: Counting, name: str = "messages", kind: ChatKind = "chat"
+) -> list[PromptUnit]:
     messages = body.get(name)
     if not isinstance(messages, list):
-        return [_chat_unit(body, [], (name,), c)]
+        return [_chat_unit(body, [], (name,), c, kind)]
     if messages and isinstance(messages[0], list):  # a batch of conversations
         return [
-            _chat_unit(body, conversation, (name, i), c)
+            _chat_unit(body, conversation, (name, i), c, kind)
             for i, conversation in enumerate(messages)
             if isinstance(conversation, list)
         ]
-    return [_chat_unit(body, messages, (name,), c)]
+    return [_chat_unit(body, messages, (name,), c, kind)]
 
 
-def _chat_unit(body: dict[str, Any], messages: list[Any], base: Path, c: Counting) -> PromptUnit:
-    unit = PromptUnit(path=base, chat=ChatInput(messages, body), templated=True)
+def _chat_unit(
+    body: dict[str, Any], messages: list[Any], base: Path, c: Counting, kind: ChatKind
+) -> PromptUnit:
+    unit = PromptUnit(path=base, chat=ChatInput(messages, body, kind), templated=True)
     unit.overhead = c.per_request + c.per_message * len(messages)
     texts = unit.texts
     for i, message in enumerate(messages):
@@ -229,7 +266,7 @@ def _chat_unit(body: dict[str, Any], messages: list[Any], base: Path, c: Countin
         choice = body.get("tool_choice")
         if isinstance(choice, dict):
             unit.weigh(("tool_choice",), choice)
-        if body.get("add_special_tokens") is True:
+        if lax_bool(body.get("add_special_tokens")) is True:
             unit.specials += c.special_tokens
         _templates(unit, body)
     return unit
@@ -244,7 +281,7 @@ def _message(unit: PromptUnit, at: Path, message: Any, c: Counting) -> None:
             continue
         path = (*at, key)
         if key == "content":
-            _content(unit, path, value, c)
+            add_content(unit, path, value, c)
         elif key == "role" and isinstance(value, str) and value in _USUAL_ROLES:
             unit.overhead += len(value)
         elif key == "tool_calls" and isinstance(value, list):
@@ -256,7 +293,8 @@ def _message(unit: PromptUnit, at: Path, message: Any, c: Counting) -> None:
             unit.add(path, value)
 
 
-def _content(unit: PromptUnit, path: Path, content: Any, c: Counting) -> None:
+def add_content(unit: PromptUnit, path: Path, content: Any, c: Counting) -> None:
+    """A message's content: a string, or parts (text, media estimates, extra keys)."""
     if isinstance(content, str):
         if content:
             unit.texts.append((path, content))
@@ -386,7 +424,7 @@ def _prompts(body: dict[str, Any], name: str, c: Counting) -> list[PromptUnit]:
     value = body.get(name)
     items = prompt_items(value)
     units: list[PromptUnit] = []
-    specials = 0 if body.get("add_special_tokens") is False else c.special_tokens
+    specials = 0 if lax_bool(body.get("add_special_tokens")) is False else c.special_tokens
     if items is not None:
         single = not isinstance(value, list) or (bool(value) and is_int(value[0]))
         for i, item in enumerate(items):
@@ -429,7 +467,7 @@ def _responses(body: dict[str, Any], c: Counting) -> PromptUnit:
                 if inner is None or key == "type":
                     continue
                 if key in ("content", "output", "summary") and isinstance(inner, list):
-                    _content(unit, (*at, key), inner, c)
+                    add_content(unit, (*at, key), inner, c)
                 elif key == "arguments":
                     _argument(unit, (*at, key), inner, c)
                 elif key == "role" and isinstance(inner, str) and inner in _USUAL_ROLES:

@@ -4,9 +4,10 @@
 ``prompt_logprobs``, the number of prompts in a list-valued ``prompt`` / ``input``, ``min_tokens``
 against the output cap, the number and length of ``stop`` sequences, the size of ``logit_bias``,
 of the token-id lists (``stop_token_ids``, ``allowed_token_ids``, ``logprob_token_ids``) and of
-``bad_words``, and the number of chat messages and content parts. Values are read leniently, as upstreams read
-them (``"n": "1e6"`` is a million to vLLM), and a negative ``logprobs`` or ``prompt_logprobs``
-(the whole vocabulary, to vLLM) is over any cap.
+``bad_words``, the number of chat messages and content parts (and of conversations in a batch),
+and the query-document pairs of vLLM's ``/score`` and ``/rerank``. Values are read leniently, as
+upstreams read them (``"n": "1e6"`` is a million to vLLM), and a negative ``logprobs`` or
+``prompt_logprobs`` (the whole vocabulary, to vLLM) is over any cap.
 
 Codes (all 400): ``n_exceeded``, ``best_of_exceeded``, ``logprobs_exceeded``,
 ``top_logprobs_exceeded``, ``prompt_logprobs_exceeded``, ``prompts_exceeded``,
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.checks._fields import effective_output, lax_int, prompt_items
+from guard.checks._fields import SCORE_SIDES, effective_output, lax_int, prompt_items
 from guard.checks._result import CheckResult, pure_check
+from guard.checks._score import score_pairs
 from guard.errors import LimitExceeded
 from guard.policy._models import FanoutPolicy, Policy
 from guard.request_view import Endpoint, RequestView
@@ -59,6 +61,7 @@ _FANOUT_FIELDS = frozenset(
         "logit_bias",
         *_TOKEN_ID_LISTS,
         "bad_words",
+        *(side for pairing in SCORE_SIDES.values() for pair in pairing for side in pair),
     }
 )
 
@@ -74,15 +77,16 @@ def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
         return None
     limits = policy.limits.fanout
     if body.keys().isdisjoint(_FANOUT_FIELDS):  # the usual request: only messages to count
-        _check_messages(body, limits.max_messages, limits.max_content_parts)
+        _check_messages(body, limits)
         return None
     _check_samples(body, limits)
     _check_logprobs(body, limits)
     _check_prompts(body, view.endpoint, limits)
+    _check_pairs(body, view, limits.max_score_pairs)
     _check_min_tokens(body, view, policy)
     _check_stop(body.get("stop"), limits.max_stop_sequences, limits.max_stop_bytes)
     _check_entries(body, limits)
-    _check_messages(body, limits.max_messages, limits.max_content_parts)
+    _check_messages(body, limits)
     return None
 
 
@@ -138,6 +142,17 @@ def _check_prompts(body: dict[str, Any], endpoint: Endpoint, limits: FanoutPolic
             )
 
 
+def _check_pairs(body: dict[str, Any], view: RequestView, max_pairs: int) -> None:
+    """The query-document pairs of a score or rerank request (each is a sequence)."""
+    for first, second, pairs in score_pairs(body, view.endpoint):
+        if pairs > max_pairs:
+            raise LimitExceeded(
+                "prompts_exceeded",
+                f"{first} and {second} make {pairs} query-document pairs; the limit is {max_pairs}",
+                param=second,
+            )
+
+
 def _check_min_tokens(body: dict[str, Any], view: RequestView, policy: Policy) -> None:
     """``min_tokens`` against the output cap (the request's, else the policy's)."""
     min_tokens = lax_int(body.get("min_tokens"))
@@ -190,29 +205,48 @@ def _check_stop(stop: Any, max_sequences: int, max_bytes: int) -> None:
             )
 
 
-def _check_messages(body: dict[str, Any], max_messages: int, max_parts: int) -> None:
-    # Chat messages, and the responses API's input items (the same thing by another name).
+def _check_messages(body: dict[str, Any], limits: FanoutPolicy) -> None:
+    # Chat messages, and the responses API's input items (the same thing by another name); a
+    # batch of conversations (vLLM's batched chat and embeddings): each is a sequence.
+    max_messages, max_parts = limits.max_messages, limits.max_content_parts
     for name in ("messages", "input"):
         items = body.get(name)
-        if not isinstance(items, list) or (name == "input" and not _are_messages(items)):
+        if not isinstance(items, list) or not items:
             continue
-        if len(items) > max_messages:
-            raise LimitExceeded(
-                "messages_exceeded",
-                f"{len(items)} messages; the limit is {max_messages}",
-                param=name,
-            )
-        parts = 0
-        for i, message in enumerate(items):
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, list):
-                parts += len(content)
-                if parts > max_parts:
-                    raise LimitExceeded(
-                        "content_parts_exceeded",
-                        f"more than {max_parts} content parts in the request",
-                        param=f"{name}[{i}].content",
-                    )
+        if isinstance(items[0], list):
+            if not _are_messages(items[0]):
+                continue  # token-id prompts (a list of id lists): the prompts' count
+            if len(items) > limits.max_prompts:
+                raise LimitExceeded(
+                    "prompts_exceeded",
+                    f"{name} holds {len(items)} conversations; the limit is {limits.max_prompts}",
+                    param=name,
+                )
+            batch = [(f"{name}[{i}]", c) for i, c in enumerate(items) if isinstance(c, list)]
+        elif name == "input" and not _are_messages(items):
+            continue
+        else:
+            batch = [(name, items)]
+        messages = parts = 0
+        for where, conversation in batch:
+            messages += len(conversation)
+            if messages > max_messages:
+                said = (
+                    f"{messages} messages; the limit is {max_messages}"
+                    if len(batch) == 1
+                    else f"more than {max_messages} messages in the conversations"
+                )
+                raise LimitExceeded("messages_exceeded", said, param=where)
+            for i, message in enumerate(conversation):
+                content = message.get("content") if isinstance(message, dict) else None
+                if isinstance(content, list):
+                    parts += len(content)
+                    if parts > max_parts:
+                        raise LimitExceeded(
+                            "content_parts_exceeded",
+                            f"more than {max_parts} content parts in the request",
+                            param=f"{where}[{i}].content",
+                        )
 
 
 def _are_messages(items: list[Any]) -> bool:

@@ -23,8 +23,8 @@ from typing import Any
 from guard.budget import Budget, Limits
 from guard.checks._jsonsize import indent4_size
 from guard.checks._placeholders import Source, bound_expansion, parse_source
-from guard.checks._render import load_chat_template
 from guard.checks._result import CheckResult, pure_check
+from guard.checks._template_source import load_chat_template
 from guard.errors import GuardError, LimitExceeded, TemplateError
 from guard.jinja import (
     CODE_INVALID,

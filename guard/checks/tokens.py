@@ -7,8 +7,10 @@ each prompt plus its output within the context length.
    generation request with none gets ``default_max_tokens`` injected (a mutation).
 2. Prompt: what the upstream will tokenize (:mod:`guard.checks._text`: every string a chat
    template can render, structured values as indent-4 JSON, the template's markup, media token
-   estimates, special tokens), summed over the request, must have at most ``max_prompt_tokens``
-   tokens, and each sequence at most ``context_length`` minus the output cap. Cheapest first:
+   estimates, special tokens; :mod:`guard.checks._score`: every query-document pair of vLLM's
+   ``/score`` and ``/rerank``), summed over the request, must have at most
+   ``max_prompt_tokens`` tokens, and each sequence at most ``context_length`` minus the output
+   cap. Cheapest first:
 
    a. the byte bound: UTF-8 bytes bound the tokens of byte-level BPE, so a prompt whose bytes
       (indent-4 JSON for structured values, overheads added) fit is admitted untokenized
@@ -17,18 +19,23 @@ each prompt plus its output within the context length.
    b. a lower bound of the strings' tokens over the limit refuses without rendering anything;
    c. a chat with the upstream's chat template known (``limits.tokens.chat_template``, or the
       request's own when the policy accepts it) is rendered as the upstream renders it and
-      counted as it is produced (:mod:`guard.checks._render`): exact;
+      counted (:mod:`guard.checks._render`): exact; each upstream's render is a candidate and
+      the largest wins; when every render fails because the upstream refuses the conversation
+      itself (the template's ``raise_exception``, vLLM's own checks), that is the answer;
    d. otherwise each field is counted with an early stop at the tokens left
-      (:meth:`guard.tokens._counter.TokenCounter.measure`), plus the overheads: the fallback
-      bound.
+      (:meth:`guard.tokens._counter.TokenCounter.measure`), plus the overheads, plus, when the
+      template is known but no render succeeded, its literal text
+      (:mod:`guard.checks._template_bound`): the fallback bound.
 
 Costs reported: ``prompt_tokens`` (an upper bound of the upstream's ``usage.prompt_tokens``;
 ``prompt_tokens_exact`` is 1 when it came from counting rather than from bytes), ``media_tokens``
 (the media estimates within it), ``output_tokens`` (the cap per sequence), ``sequences``,
-``output_tokens_reserved`` (cap x sequences) and ``tokens_reserved`` (prompt + reserved output:
+``output_tokens_reserved`` ((cap + llama-cpp-python's known overshoot,
+:data:`OUTPUT_OVERSHOOT`) x sequences) and ``tokens_reserved`` (prompt + reserved output:
 what a token rate limiter charges before forwarding).
 
 Codes: ``max_tokens_exceeded``, ``prompt_tokens_exceeded``, ``context_length_exceeded``,
+``output_cap_bypass`` (:mod:`guard.checks._logit_bias`, in front of all but vLLM),
 ``json_depth_exceeded`` (tool-call arguments nested too deep to parse), and the sandbox's
 ``chat_template_*`` limits and ``deadline_exceeded`` from a render.
 """
@@ -48,17 +55,27 @@ from guard.checks._fields import (
     sequences_per_prompt,
 )
 from guard.checks._jsonsize import indent4_size, indent4_text
+from guard.checks._logit_bias import check_llama_cpp_logit_bias
 from guard.checks._placeholders import bound_expansion, parse_source
-from guard.checks._render import load_chat_template, render_count
+from guard.checks._render import Flavour, render_count
 from guard.checks._result import CheckResult, Mutation, pure_check
-from guard.checks._text import Counting, PromptUnit, prompt_units
+from guard.checks._score import score_units
+from guard.checks._template_bound import template_literal_bytes, template_literal_tokens
+from guard.checks._template_source import load_chat_template, tokenizer_special_tokens
+from guard.checks._text import ChatInput, Counting, PromptUnit, prompt_units
 from guard.errors import LimitExceeded
 from guard.policy._models import Policy, TokensPolicy
 from guard.request_view import Endpoint, RequestView
 from guard.tokens import TokenCounter, get_counter
 
-__all__ = ["check_tokens", "counting_for"]
+__all__ = ["OUTPUT_OVERSHOOT", "check_tokens", "counting_for", "render_flavours"]
 
+# Output tokens an upstream may generate past the cap, per sequence. llama-cpp-python 0.3.36
+# (Llama._create_completion) skips its max_tokens test while the text ends inside a UTF-8
+# character (`multibyte_fix`): up to 3 more tokens for a 4-byte character cut by the cap (a
+# grammar of 4-byte characters: completion_tokens 8 for max_tokens 5). vLLM stops at the cap.
+# Reserved in front of llama-cpp-python; the reconcile charges what `usage` says.
+OUTPUT_OVERSHOOT = 3
 # Tokens added to each field counted inside a template's text (the fallback bound): a token
 # merged across its edges.
 _EDGE = 1
@@ -74,8 +91,14 @@ def check_tokens(view: RequestView, policy: Policy) -> CheckResult | None:
     mutations: list[Mutation] = []
     output = _output_cap(body, endpoint, policy, mutations)
     counter = get_counter(tokens.tokenizer)
+    if policy.upstream_kind != "vllm" and output is not None:
+        # llama-cpp-python's (or an upstream not known yet: it may be one).
+        check_llama_cpp_logit_bias(body, counter)
     context = _Context(policy, counter, counting_for(policy, counter), output)
-    units = prompt_units(body, endpoint, context.counting)
+    if endpoint in ("score", "rerank"):
+        units = score_units(body, endpoint, context.counting)
+    else:
+        units = prompt_units(body, endpoint, context.counting)
     prompt, exact, per_unit = _count(units, context, body)
     if output is not None and output.to_window:
         output = _clamped_to_window(output, per_unit, tokens, mutations)
@@ -88,7 +111,8 @@ def check_tokens(view: RequestView, policy: Policy) -> CheckResult | None:
         if output.implicit:
             reserved = _window_remainder(per_unit, prompts, per_prompt, tokens.context_length)
         else:
-            reserved = output.tokens * sequences
+            overshoot = OUTPUT_OVERSHOOT if policy.upstream_kind == "llama_cpp" else 0
+            reserved = (output.tokens + overshoot) * sequences
     costs = {
         "prompt_tokens": prompt,
         "prompt_tokens_exact": int(exact),
@@ -128,15 +152,26 @@ def _window_remainder(
     return per_prompt * max(0, context_length - sum(per_unit))
 
 
-_COUNTING: dict[int, tuple[TokensPolicy, Counting]] = {}
+def render_flavours(policy: Policy) -> tuple[Flavour, ...]:
+    """The upstreams whose renders are modelled: ``render_like`` when the policy sets it, else
+    the upstream kind in force alone (both while it is not known)."""
+    tokens = policy.limits.tokens
+    kind = policy.upstream_kind
+    if "render_like" in tokens.model_fields_set or kind == "other":
+        return tokens.render_like
+    return (kind,)
+
+
+_COUNTING: dict[int, tuple[TokensPolicy, str, Counting]] = {}
 
 
 def counting_for(policy: Policy, counter: TokenCounter) -> Counting:
     """The gatherer's settings for a policy (built once per policy)."""
     tokens = policy.limits.tokens
+    kind = policy.upstream_kind
     cached = _COUNTING.get(id(tokens))
-    if cached is not None and cached[0] is tokens:
-        return cached[1]
+    if cached is not None and cached[0] is tokens and cached[1] == kind:
+        return cached[2]
     counting = Counting(
         per_message=tokens.per_message_tokens,
         per_request=tokens.per_request_tokens,
@@ -144,13 +179,13 @@ def counting_for(policy: Policy, counter: TokenCounter) -> Counting:
         image=tokens.tokens_per_image,
         video_frame=tokens.tokens_per_video_frame,
         audio=tokens.tokens_per_audio,
-        media_as_text="llama_cpp" in tokens.render_like,
+        media_as_text="llama_cpp" in render_flavours(policy),
         special_tokens=counter.special_tokens,
         max_json_depth=policy.limits.json_.max_depth,
     )
     if len(_COUNTING) >= 64:
         _COUNTING.clear()
-    _COUNTING[id(tokens)] = (tokens, counting)
+    _COUNTING[id(tokens)] = (tokens, kind, counting)
     return counting
 
 
@@ -265,17 +300,21 @@ def _least(a: int | None, b: int | None) -> int | None:
 
 
 def _upper_bound(
-    units: list[PromptUnit], ctx: _Context, unit_limit: int | None
+    units: list[PromptUnit],
+    ctx: _Context,
+    unit_limit: int | None,
+    template: str | None,
+    body: dict[str, Any],
 ) -> tuple[int, list[int]] | None:
-    """The UTF-8 byte count (plus ids and overheads), in all and per unit, when it proves
-    every limit holds."""
+    """The UTF-8 byte count (plus ids, overheads and the chat template's own text), in all and
+    per unit, when it proves every limit holds."""
     policy = ctx.policy
     total_limit = policy.limits.tokens.max_prompt_tokens
     depth = policy.limits.templates.max_depth
     # Without a limit a template's expansion is weighed up to what the templates check allows.
     expansion_cap = policy.limits.templates.max_expansion_chars * 4 + 1
     raw = ctx.counting.media_as_text  # llama-cpp-python prints arguments as sent
-    parsed = "vllm" in policy.limits.tokens.render_like
+    parsed = "vllm" in render_flavours(policy)
     total = 0
     sizes: list[int] = []
     for unit in units:
@@ -301,6 +340,9 @@ def _upper_bound(
                 return None
         cap = expansion_cap if found is None else found + 1
         size += _template_size(unit, _utf8_len, depth, cap)
+        sizing = unit.chat or _responses_chat(unit, body)
+        if sizing is not None and template is not None:
+            size += template_literal_bytes(template, sizing)
         if size > limit:
             return None
         total += size
@@ -320,7 +362,9 @@ def _count(
     template = _template_for(body, ctx.policy)
     exact = tokens.exact_costs if tokens.exact_costs is not None else template is not None
     if ctx.counter.byte_bounds and not exact:
-        bound = _upper_bound(units, ctx, unit_limit)
+        bound = _upper_bound(
+            units, ctx, unit_limit, None if template is None else template[0], body
+        )
         if bound is not None:
             return bound[0], False, bound[1]
     remaining = tokens.max_prompt_tokens
@@ -332,15 +376,36 @@ def _count(
         limit = _UNBOUNDED if found is None else found
         over = _Over(by_context, tokens, ctx.output)
         used = None
-        if unit.chat is not None and template is not None:
+        if unit.chat is not None and unit.chat.kind == "score":
+            # A scored pair: the template if the upstream uses it (vLLM: only one given with
+            # --chat-template, never the tokenizer's own), else the pair as it is; the larger.
+            used = _counted(unit, ctx, limit, over)
+            if template is not None and tokens.chat_template != "auto":
+                used = max(used, _rendered(unit, ctx, template, limit, over, refuse=False) or 0)
+        elif unit.chat is not None and template is not None:
             used = _rendered(unit, ctx, template, limit, over)
         if used is None:
             used = _counted(unit, ctx, limit, over)
+            sizing = unit.chat or _responses_chat(unit, body)
+            if sizing is not None and template is not None:
+                # No render (or none modelled: the Responses API's input, which vLLM renders
+                # with the template too): the template's own text, bounded from its source.
+                used += template_literal_tokens(template[0], ctx.counter, sizing)
+                if used > limit:
+                    raise over(unit.path)
         total += used
         per_unit.append(used)
         if remaining is not None:
             remaining -= used
     return total, True, per_unit
+
+
+def _responses_chat(unit: PromptUnit, body: dict[str, Any]) -> ChatInput | None:
+    """The Responses API's input items as a conversation, to size the template's loops."""
+    if not unit.templated or unit.chat is not None:
+        return None
+    items = body.get("input")
+    return ChatInput(items if isinstance(items, list) else [items], body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +444,10 @@ def _template_for(
     request's own when the policy accepts request templates, else the configured one."""
     tokens = policy.limits.tokens
     configured = load_chat_template(tokens.chat_template, tokens.tokenizer)
-    special = configured.special_tokens if configured is not None else ()
+    if configured is not None:
+        special = configured.special_tokens
+    else:  # a request's template alone: the tokenizer's tokens all the same
+        special = tokenizer_special_tokens(tokens.tokenizer) or ()
     if policy.limits.templates.allow_request_chat_template:
         kwargs = body.get("chat_template_kwargs")
         for source in (
@@ -413,8 +481,11 @@ def _rendered(
     template: tuple[str, tuple[tuple[str, str], ...]],
     limit: int,
     over: _Over,
+    *,
+    refuse: bool = True,
 ) -> int | None:
-    """The unit's exact count from the upstream's template (None: fall back to the bound)."""
+    """The unit's exact count from the upstream's template (None: fall back to the bound);
+    with ``refuse``, the upstream's own refusal of the conversation is raised."""
     assert unit.chat is not None
     policy = ctx.policy
     tokens = policy.limits.tokens
@@ -425,11 +496,11 @@ def _rendered(
         raise over(unit.path)
     text, special = template
     try:
-        used = render_count(
+        outcome = render_count(
             unit.chat,
             text,
             special,
-            tokens.render_like,
+            render_flavours(policy),
             ctx.counter,
             limit - fixed,
             policy.limits.templates.chat_template,
@@ -440,7 +511,11 @@ def _rendered(
         if exc.code == "prompt_tokens_exceeded":
             raise over(unit.path) from None
         raise
-    return None if used is None else used + fixed
+    if outcome.tokens is None:
+        if outcome.raised is not None and refuse:
+            raise outcome.raised  # the template refuses this input, as it would upstream
+        return None
+    return outcome.tokens + fixed
 
 
 def _counted(unit: PromptUnit, ctx: _Context, limit: int, over: _Over) -> int:
@@ -460,7 +535,7 @@ def _counted(unit: PromptUnit, ctx: _Context, limit: int, over: _Over) -> int:
         used += _measure(counter, text, limit - used - edge, path, over) + edge
     for path, value in unit.values:
         used += _measure_json(counter, value, limit - used - edge, path, over) + edge
-    flavours = ctx.policy.limits.tokens.render_like
+    flavours = render_flavours(ctx.policy)
     for arg in unit.arguments:
         weight = 0
         left = limit - used - edge

@@ -36,6 +36,7 @@ from guard.jinja._chat_template import (
     render_chat_template,
     template_variables,
 )
+from guard.jinja._literal_bound import LiteralProgram, LoopSizes, literal_program
 
 __all__ = [
     "CODE_DEADLINE",
@@ -57,6 +58,8 @@ __all__ = [
     "ChatTemplateLimits",
     "GuardedTemplate",
     "HardenedEnvironment",
+    "LiteralProgram",
+    "LoopSizes",
     "ScanStats",
     "TemplateRaised",
     "check_chat_template",
@@ -64,6 +67,7 @@ __all__ = [
     "compile_chat_template",
     "hf_strftime_now",
     "hf_tojson",
+    "literal_program",
     "map_template_exception",
     "raise_exception",
     "render_chat_template",

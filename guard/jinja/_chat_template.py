@@ -222,6 +222,7 @@ def check_request_template_fields(
             )
 
 
+@functools.lru_cache(maxsize=64)
 def template_variables(source: str, limits: ChatTemplateLimits = DEFAULT_LIMITS) -> frozenset[str]:
     """The variables a chat template reads and does not set itself (``messages``,
     ``add_generation_prompt``, its switches such as ``enable_thinking``), from its syntax tree

@@ -34,8 +34,9 @@ _WORDWRAP_MAX_CHARS = 64 * 1024
 # round(x, -10**9) makes Python compute 10**(10**9); nothing needs more digits than this.
 _MAX_ROUND_DIGITS = 64
 _STRFTIME_MAX_CHARS = 256
-# strftime directives only: no flags or widths ("%1000000000Y" pads in glibc).
-_STRFTIME_FORMAT = re.compile(r"(?:[^%]|%[A-Za-z%])*", re.S)
+# strftime directives, with glibc's flags (`%-d`, `%_H`, `%^a`: no padding, space, upper case;
+# chat templates use them for dates) but no widths ("%1000000000Y" pads in glibc).
+_STRFTIME_FORMAT = re.compile(r"(?:[^%]|%[-_0^#]?[A-Za-z%])*", re.S)
 # Filters with no bounded form here, unused by chat templates.
 REMOVED_FILTERS = frozenset({"pprint", "urlize"})
 # Filters that call str() on their value: bound that first.
@@ -398,7 +399,7 @@ def guarded_strftime_now(format: Any) -> str:
     ):
         raise value_too_large(
             f"strftime_now takes a format of at most {_STRFTIME_MAX_CHARS} characters with "
-            "plain %-directives (no widths)"
+            "%-directives and their flags (no widths)"
         )
     return hf_strftime_now(format)
 

@@ -239,7 +239,7 @@ _DEFAULT = Policy()
 
 
 def _check_tokenizer(policy: Policy, origins: Mapping[str, str], source: str | None) -> None:
-    from guard.checks._render import check_chat_template_source
+    from guard.checks._template_source import check_chat_template_source
     from guard.tokens import get_counter
 
     tokens = policy.limits.tokens

@@ -237,7 +237,10 @@ class TokensPolicy(Section):
         "largest count wins. `vllm` (0.32): tool-call arguments parsed and printed again, "
         "content normalised, media as placeholders. `llama_cpp` (llama-cpp-python 0.3.36): "
         "messages as sent, so a text-only template prints list content as it is, media URLs "
-        "included (then media URLs also count as text in the fallback). List only yours.",
+        "included (then media URLs also count as text in the fallback). List only yours. Left "
+        "out, it follows the upstream kind in force (`upstream.kind`, set or detected): `vllm` "
+        "alone in front of vLLM, `llama_cpp` alone in front of llama-cpp-python, both "
+        "otherwise.",
     )
     content_format: Literal["auto", "string", "openai"] = Field(
         default="auto",
@@ -452,6 +455,15 @@ class FanoutPolicy(Section):
         default=2048,
         description="Most chat messages in one request (long agent sessions reach hundreds; "
         "the prompt's tokens bound the rest). The `seed` preset: 512.",
+    )
+    max_score_pairs: PosInt = Field(
+        default=256,
+        description="Most query-document pairs in one vLLM `/score` or `/rerank` request "
+        "(`documents`, `items`, `text_2`, `data_2`, or the longer of the two lists): each pair "
+        "is a sequence the model runs, its texts counted as prompt tokens "
+        "(`prompts_exceeded`). Batched conversations in embeddings and pooling `messages` / "
+        "`input` are held to `max_prompts` (each is a sequence) and their messages together to "
+        "`max_messages`.",
     )
     max_content_parts: PosInt = Field(
         default=4096,

@@ -27,6 +27,9 @@ class Backend(ABC):
     token_bytes: Sequence[bytes] | None = None
     rules: SplitRules | None = None
     supports_pieces = False
+    # Ids of the tokens whose bytes end inside a UTF-8 character (a lead byte without all its
+    # continuation bytes); None: the vocabulary's bytes are not known by id.
+    partial_char_ids: frozenset[int] | None = None
 
     @abstractmethod
     def encode_count(self, text: str) -> int:
@@ -37,6 +40,18 @@ class Backend(ABC):
         raise NotImplementedError
 
 
+def ends_inside_char(data: bytes) -> bool:
+    """Whether ``data`` ends with a UTF-8 lead byte short of its continuation bytes."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return False
+        if byte >= 0xC0:  # a lead byte: 2, 3 or 4 bytes long
+            size = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return size > back
+    return False
+
+
 class TiktokenBackend(Backend):
     """A tiktoken encoding, counted like ``encode_ordinary`` (special-token text is plain text)."""
 
@@ -45,6 +60,8 @@ class TiktokenBackend(Backend):
         self.name = str(encoding.name)
         ranks: dict[bytes, int] | None = getattr(encoding, "_mergeable_ranks", None)
         self.token_bytes = list(ranks) if ranks is not None else encoding.token_byte_values()
+        if ranks is not None:
+            self.partial_char_ids = frozenset(r for t, r in ranks.items() if ends_inside_char(t))
         self.rules = rules_for_pattern(getattr(encoding, "_pat_str", ""))
         core = getattr(encoding, "_core_bpe", None)
         self._single_piece = getattr(core, "encode_single_piece", None)
@@ -194,11 +211,16 @@ class HFBackend(Backend):
             return
         vocab = model.get("vocab") or {}
         token_bytes: list[bytes] = []
-        for tok in vocab:
+        partial: set[int] = set()
+        for tok, token_id in vocab.items():
             try:
-                token_bytes.append(bytes(_UNICODE_TO_BYTE[c] for c in tok))
+                raw = bytes(_UNICODE_TO_BYTE[c] for c in tok)
             except KeyError:
                 return  # not a byte-level vocabulary
+            token_bytes.append(raw)
+            if ends_inside_char(raw) and isinstance(token_id, int):
+                partial.add(token_id)
+        self.partial_char_ids = frozenset(partial)
         if len({t[0] for t in token_bytes if len(t) == 1}) != 256:
             return  # some byte has no token: bounds would not hold
         added = cfg.get("added_tokens") or []

@@ -31,6 +31,7 @@ from loadtests.upstream_corpus import (
     LLAMACPP_REFUSAL,
     CorpusBudgets,
     ScriptUpstream,
+    corpus_routes,
     guard_policy,
     run_payload,
     tree_memory,
@@ -53,6 +54,8 @@ _LLAMA_MEDIA = _LLAMA_500 + "{} content parts (it reads text and image_url only)
 _NO_MODEL_ROUTE = "{} has no GET /v1/models/{{id}} route (404)"
 _VLLM_NO_EMBED = "vLLM serves the tiny model for generation: no /v1/embeddings route (404)"
 _VLLM_TEXT_ONLY = "the tiny model is text-only: vLLM refuses media for it (400)"
+_VLLM_NO_POOLING = "vLLM serves the tiny model for generation: no /score, /rerank, /classify (404)"
+_LLAMA_NO_POOLING = "llama-cpp-python has no /score, /rerank, /classify routes (404)"
 _REF_ONLY = (
     "prompt_template is read only by the reference scheduler: with no prompt, vLLM answers 400 "
     "(llama-cpp-python completes an empty prompt)"
@@ -76,6 +79,8 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("vllm", "bn-model-id-org-slash"): _NO_MODEL_ROUTE.format("vLLM"),
     ("vllm", "bn-prompt-template"): _REF_ONLY,
     ("vllm", "bn-prompt-template-depth-8"): _REF_ONLY,
+    **{("vllm", p): _VLLM_NO_POOLING for p in ("bn-rerank", "bn-score-pairs", "bn-classify")},
+    **{("llamacpp", p): _LLAMA_NO_POOLING for p in ("bn-rerank", "bn-score-pairs", "bn-classify")},
 }
 
 _UNSUPPORTED_BY_UPSTREAM = "unsupported_by_upstream"
@@ -135,7 +140,8 @@ def target(
         up.start()
         tokenizer = session.tokenizer_json
     tmp = tmp_path_factory.mktemp(f"corpus-{name}")
-    guard = start(guard_spec("guard", up.base_url, guard_policy(tmp, tokenizer)))
+    policy = guard_policy(tmp, tokenizer, corpus_routes(PAYLOADS.values()))
+    guard = start(guard_spec("guard", up.base_url, policy))
     try:
         guard.wait_ready(120)
         baseline = tree_memory(up.pid)[0] / (1 << 20)

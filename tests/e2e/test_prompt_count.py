@@ -11,14 +11,13 @@ upstream's ``usage.prompt_tokens`` for every request both accept, and the benign
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from loadtests.chat_accounting import post_json
 from payloads import load_corpus
 from schedguard._servers import RunningServer
 from tests._guard_process import guard_spec, start
@@ -150,21 +149,6 @@ def guard(upstream: RunningUpstream, tmp_path_factory: pytest.TempPathFactory) -
         server.stop()
 
 
-def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"content-type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as err:
-        raw = err.read()
-        try:
-            return err.code, json.loads(raw)
-        except ValueError:
-            return err.code, {"raw": raw[:300].decode(errors="replace")}
-
-
 def measure(
     guard: str, upstream: RunningUpstream, path: str, body: dict[str, Any]
 ) -> tuple[int | None, int | None, str]:
@@ -174,9 +158,9 @@ def measure(
         body.pop(name, None)
     if path != "/v1/embeddings":
         body["max_tokens"] = 1  # the prompt is what is measured
-    _, verdict = _post(f"{guard}/guard/v1/check?path={path}", body)
+    _, verdict = post_json(f"{guard}/guard/v1/check?path={path}", body)
     bound = verdict["costs"].get("prompt_tokens") if verdict.get("allowed") else None
-    status, reply = _post(upstream.base_url + path, body)
+    status, reply = post_json(upstream.base_url + path, body)
     usage = (reply.get("usage") or {}).get("prompt_tokens") if status == 200 else None
     why = "" if status == 200 else f"upstream {status}"
     if bound is None:

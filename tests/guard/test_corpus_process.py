@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from loadtests.upstream_corpus import corpus_routes
 from payloads.loader import Payload, load_corpus
 from schedguard._servers import RunningServer
 from schedguard.demo import ref_server
@@ -46,7 +47,9 @@ class Deployment:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     policy = tmp_path_factory.mktemp("corpus-e2e") / "policy.yaml"
-    policy.write_text(POLICY, encoding="utf-8")
+    # The routes the corpus needs proxied besides the defaults (vLLM's pooling and scoring).
+    routes = f"routes: [{', '.join(corpus_routes(CORPUS))}]\n"
+    policy.write_text(POLICY + routes, encoding="utf-8")
     upstream = start(ref_server("vulnerable", name="upstream"))
     guard: RunningServer | None = None
     try:

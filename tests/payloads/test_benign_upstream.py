@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from guard.app import create_app
-from guard.policy import default_policy
+from guard.policy import Policy, default_policy
 from guard.tokens import get_counter
 from payloads import Payload, load_corpus
 from tests._guard_harness import fake_upstream, serve
@@ -94,7 +94,7 @@ async def _judge_all(items: Iterable[Sent]) -> list[Judged]:
     out: list[Judged] = []
     async with fake_upstream() as fake:
         fake.models.update(UPSTREAM_MODEL)
-        app = create_app(default_policy(), upstream_url=fake.url)
+        app = create_app(POLICY, upstream_url=fake.url)
         async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=120) as client:
             ready = (await client.get("/readyz")).json()
             assert (ready["context_length"], ready["context_length_source"]) == (WINDOW, "upstream")
@@ -117,6 +117,12 @@ async def _judge_all(items: Iterable[Sent]) -> list[Judged]:
                     )
                 )
     return out
+
+
+# The default policy, proxying besides the OpenAI routes those the payloads name (vLLM's
+# pooling and scoring routes: a deployment that serves them lists them in `routes`).
+POLICY = Policy(routes=tuple(sorted({r for p in BENIGN for r in p.routes})))
+assert POLICY.model_dump(exclude={"routes"}) == default_policy().model_dump(exclude={"routes"})
 
 
 def _judge(items: Iterable[Sent]) -> list[Judged]:

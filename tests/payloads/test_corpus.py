@@ -179,7 +179,8 @@ def test_payload_metadata(payload: Any) -> None:
         assert payload.class_ in ("http_framing", "benign") or "flood" in payload.tags
     else:
         assert payload.transport is None
-    assert payload.endpoint.startswith("/v1/")
+    # An OpenAI route, or one of vLLM's own the payload asks the policy to proxy (`routes`).
+    assert payload.endpoint.startswith("/v1/") or payload.endpoint in payload.routes
 
 
 # ---- bodies ----------------------------------------------------------------------------------
@@ -460,6 +461,8 @@ def _attack(pid: str, **extra: Any) -> dict[str, Any]:
         ({"headers": {"x-a": "b\r\nc"}}, "CR or LF"),
         ({"headers": {"bad name": "b"}}, "invalid header name"),
         ({"references": "GHSA"}, "references"),
+        ({"routes": ["/score"]}, "not the payload's own endpoint"),
+        ({"routes": ["score"]}, "not a plain absolute path"),
         ({"found": {"target": "t"}}, "source: fuzz"),
         ({"source": "fuzz"}, "needs found and cost"),
         ({"generator": {"json": {"$repeat": ["a", 2]}, "bytes": "x"}}, "not both"),

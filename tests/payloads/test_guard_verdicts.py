@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,12 +48,20 @@ def _replay(paths: list[str]) -> list[Replay]:
     from guard.pipeline import evaluate_body
     from guard.policy import load_policy
 
-    policy = load_policy(None, env={})
+    default = load_policy(None, env={})
     # Load the tokenizer and compile the scan patterns before anything is timed.
-    evaluate_body(b'{"model":"m","prompt":"warm up"}', "/v1/completions", [], policy)
+    evaluate_body(b'{"model":"m","prompt":"warm up"}', "/v1/completions", [], default)
+    routed: dict[tuple[str, ...], Any] = {}
     out: list[Replay] = []
     for path in paths:
         payload = load_payload(Path(path))
+        policy = default
+        if payload.routes:  # the default policy, proxying the routes the payload needs
+            routes = "[" + ", ".join(payload.routes) + "]"
+            policy = routed.get(payload.routes) or load_policy(
+                None, env={"SCHEDGUARD_ROUTES": routes}
+            )
+            routed[payload.routes] = policy
         raw = payload.body_bytes()
         headers = payload.header_items()
         start = time.perf_counter()

@@ -188,3 +188,12 @@ def test_benign_requests_pass() -> None:
     assert code(completion(n=2, best_of=2, logprobs=2, prompt=["a", "b", "c"]), COMPLETIONS) is None
     assert code(None) is None
     assert code([1, 2, 3]) is None
+
+
+def test_token_id_inputs_are_prompts_not_conversations() -> None:
+    # [[ids], [ids], ...] is a batch of token-id inputs (held to the embeddings cap), not a
+    # batch of conversations (held to max_prompts).
+    body = {"model": "m", "input": [[1, 2, 3]] * (F.max_prompts + 1)}
+    assert code(body, "/v1/embeddings") is None
+    conversations = {"model": "m", "messages": [MSG] * (F.max_prompts + 1)}
+    assert code(conversations, "/v1/embeddings") == "prompts_exceeded"

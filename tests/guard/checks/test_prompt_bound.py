@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from guard.checks import check_tokens
-from guard.checks._render import detect_content_format, load_chat_template
+from guard.checks._template_source import load_chat_template
+from guard.checks._vllm_chat import detect_content_format
 from guard.policy import Policy, policy_from_yaml
 from guard.request_view import RequestView
 from tests._support import REPO_ROOT

@@ -10,17 +10,13 @@ from typing import Any
 import pytest
 
 from guard.checks import check_tokens
-from guard.checks._render import (
-    detect_content_format,
-    llama_cpp_variables,
-    load_chat_template,
-    render_count,
-    vllm_variables,
-)
+from guard.checks._render import render_count
+from guard.checks._template_source import load_chat_template
 from guard.checks._text import ChatInput
+from guard.checks._vllm_chat import detect_content_format, llama_cpp_call, vllm_call
 from guard.errors import LimitExceeded
-from guard.jinja import ChatTemplateLimits
-from guard.policy import policy_from_yaml
+from guard.jinja import CODE_RAISED, ChatTemplateLimits
+from guard.policy import Policy, policy_from_yaml
 from guard.request_view import RequestView
 from guard.tokens import get_counter
 
@@ -132,7 +128,7 @@ def test_the_conversation_vllm_builds() -> None:
         "chat_template_kwargs": {"enable_thinking": False},
     }
     chat = ChatInput(body["messages"], body)
-    variables = vllm_variables(chat, LOOPS_OVER_CONTENT, (("bos_token", "<s>"),), 32)
+    variables = vllm_call(chat, LOOPS_OVER_CONTENT, (("bos_token", "<s>"),), 32).variables
     messages = variables["messages"]
     # No "developer" in the template: developer and system messages merged into one.
     assert messages[0] == {"role": "system", "content": "dev\n\nsys"}
@@ -154,22 +150,38 @@ def test_the_conversation_vllm_builds() -> None:
         {"type": "function", "function": {"name": "f", "description": None, "parameters": None}}
     ]
     assert variables["bos_token"] == "<s>" and variables["add_generation_prompt"] is True
+    # Keyword arguments reach the template only when it reads them (vLLM's
+    # resolve_chat_template_kwargs); the request's enable_thinking wins over reasoning_effort's.
+    assert "reasoning_effort" not in variables and "enable_thinking" not in variables
+    reads = LOOPS_OVER_CONTENT + "{{ reasoning_effort }}{{ enable_thinking }}"
+    variables = vllm_call(chat, reads, (), 32).variables
     assert variables["reasoning_effort"] == "low" and variables["enable_thinking"] is False
     # The string content format joins the texts.
-    flat = vllm_variables(chat, PRINTS_CONTENT, (), 32)["messages"]
+    flat = vllm_call(chat, PRINTS_CONTENT, (), 32).variables["messages"]
     assert flat[1]["content"] == "bare\nno\nhmm\nin\nsearch"
     # llama-cpp-python passes the messages as they are.
-    assert llama_cpp_variables(chat, ())["messages"] is body["messages"]
+    assert llama_cpp_call(chat, ()).variables["messages"] is body["messages"]
 
 
-def test_a_render_that_fails_falls_back_and_limits_refuse() -> None:
+def test_renders_are_independent_and_failures_say_why() -> None:
     counter = get_counter()
     chat = ChatInput([{"role": "user", "content": "hi"}], {})
     limits = ChatTemplateLimits()
     raising = "{{ raise_exception('roles must alternate') }}"
-    assert render_count(chat, raising, (), ("vllm",), counter, 100, limits, 32) is None
+    outcome = render_count(chat, raising, (), ("vllm",), counter, 100, limits, 32)
+    assert outcome.tokens is None
+    assert outcome.raised is not None and outcome.raised.code == CODE_RAISED
+    assert outcome.raised.message == "roles must alternate"
     escape = "{{ messages.__class__.__mro__ }}"
-    assert render_count(chat, escape, (), ("vllm",), counter, 100, limits, 32) is None
+    assert render_count(chat, escape, (), ("vllm",), counter, 100, limits, 32).raised is None
+    # Command R style: `content + ...` fails on list content as llama-cpp-python passes it,
+    # while vLLM joins the texts (string content format): the successful render counts.
+    listed = ChatInput([{"role": "user", "content": [{"type": "text", "text": "hello"}]}], {})
+    concat = "{% for m in messages %}{{ '<|' + m.role + '|>' + m.content }}{% endfor %}"
+    both = render_count(listed, concat, (), ("vllm", "llama_cpp"), counter, 100, limits, 32)
+    assert both.tokens == counter.count("<|user|>hello")
+    alone = render_count(listed, concat, (), ("llama_cpp",), counter, 100, limits, 32)
+    assert alone.tokens is None and alone.raised is None
     loops = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}"
     with pytest.raises(LimitExceeded):
         render_count(chat, loops, (), ("vllm",), counter, 100, limits, 32)
@@ -179,17 +191,74 @@ def test_a_render_that_fails_falls_back_and_limits_refuse() -> None:
     assert info.value.code == "prompt_tokens_exceeded"
 
 
-def test_a_failing_template_leaves_the_fallback_bound(tmp_path: Path) -> None:
-    (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('no') }}")
-    (tmp_path / "tokenizer.json").write_text("{}")
-    policy = policy_from_yaml(
+def _policy(tmp_path: Path, template: str) -> Policy:
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "chat_template.jinja").write_text(template)
+    return policy_from_yaml(
         f"limits: {{tokens: {{chat_template: '{tmp_path / 'chat_template.jinja'}', "
         "exact_costs: true}}"
     )
+
+
+def test_a_raising_template_is_the_upstreams_400(tmp_path: Path) -> None:
+    policy = _policy(tmp_path, "{{ raise_exception('no system role') }}")
     body = {"messages": [{"role": "user", "content": "hello there"}]}
     result = check_tokens(RequestView.build(body, path="/v1/chat/completions"), policy)
-    assert result.rejection is None
-    tokens = policy.limits.tokens
-    assert result.costs["prompt_tokens"] == (
-        tokens.per_request_tokens + tokens.per_message_tokens + len("user") + 2 + 1
+    assert result.rejection is not None
+    assert (result.rejection.code, result.rejection.status) == (CODE_RAISED, 400)
+    assert result.rejection.message == "no system role"
+
+
+def test_a_template_the_sandbox_refuses_falls_back_with_its_literal_text(tmp_path: Path) -> None:
+    preamble = "You are a careful assistant. Answer in full sentences. " * 20
+    # Refused by the sandbox only for a conversation that ends with the assistant (so not at
+    # start-up, whose trial render is an ordinary chat).
+    template = (
+        preamble + "{% for m in messages %}<|START|>{{ m.role }}: {{ m.content }}<|END|>"
+        "{% endfor %}{% if messages[-1].role == 'assistant' %}{{ messages.__class__.__mro__ }}"
+        "{% endif %}"
     )
+    policy = _policy(tmp_path, template)
+    body = {
+        "messages": [{"role": "user", "content": "hello there"}] * 2
+        + [{"role": "assistant", "content": "hello there"}]
+    }
+    result = check_tokens(RequestView.build(body, path="/v1/chat/completions"), policy)
+    assert result.rejection is None
+    counter = get_counter()
+    # What the template would print without the failing tail, and what the bound adds.
+    printed = preamble + "<|START|>user: hello there<|END|>" * 3
+    literal = counter.count(preamble) + 1 + 3 * (counter.count("<|START|>") + 1)
+    literal += 3 * (counter.count(": ") + 1 + counter.count("<|END|>") + 1)
+    tokens = policy.limits.tokens
+    roles = 2 * len("user") + len("assistant")
+    fields = tokens.per_request_tokens + 3 * (tokens.per_message_tokens + 2 + 1) + roles
+    assert result.costs["prompt_tokens"] == fields + literal >= counter.count(printed)
+
+
+def test_a_template_the_sandbox_cannot_render_is_a_start_up_error(tmp_path: Path) -> None:
+    from guard.errors import PolicyError
+
+    with pytest.raises(PolicyError, match=r"chat_template\.jinja: the chat template was refused"):
+        _policy(tmp_path, "{{ messages.__class__.__mro__ }}")
+    _policy(tmp_path / "rag", "{% for d in documents %}{{ d.text }}{% endfor %}")
+
+
+def test_the_renders_modelled_follow_the_upstream_kind_unless_set() -> None:
+    from guard.checks.tokens import render_flavours
+
+    default = policy_from_yaml("")
+    assert render_flavours(default) == ("vllm", "llama_cpp")  # the kind is not known yet
+    assert render_flavours(default.with_upstream_kind("vllm")) == ("vllm",)
+    assert render_flavours(default.with_upstream_kind("llama_cpp")) == ("llama_cpp",)
+    both = policy_from_yaml("limits: {tokens: {render_like: [vllm, llama_cpp]}}")
+    assert render_flavours(both.with_upstream_kind("vllm")) == ("vllm", "llama_cpp")
+
+
+def test_the_responses_api_counts_the_templates_own_text(tmp_path: Path) -> None:
+    preamble = "You are a careful assistant. Answer in full sentences. " * 20
+    policy = _policy(tmp_path, preamble + "{% for m in messages %}{{ m.content }}{% endfor %}")
+    view = RequestView.build({"input": "hi", "max_output_tokens": 8}, path="/v1/responses")
+    result = check_tokens(view, policy)
+    assert result.rejection is None
+    assert result.costs["prompt_tokens"] > get_counter().count(preamble)

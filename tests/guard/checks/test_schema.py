@@ -63,7 +63,7 @@ def test_prompt_and_prompt_template_are_exclusive() -> None:
         ("max_completion_tokens", -1, "invalid_value"),
         ("temperature", "hot", "invalid_type"),
         ("temperature", True, "invalid_type"),
-        ("stream", 1, "invalid_type"),
+        ("stream", "sometimes", "invalid_type"),
         ("stop", 5, "invalid_type"),
         ("stop", ["a", 1], "invalid_type"),
         ("logit_bias", {"abc": 1}, "invalid_value"),
@@ -208,3 +208,12 @@ def test_a_part_without_a_type_is_read_by_its_media_key_as_vllm_does() -> None:
     # Without a media key there is nothing to read it by: vLLM refuses it, so does the guard.
     body = {"model": "m", "messages": [{"role": "user", "content": [{"text": "hi"}]}]}
     assert rejection(body).param == "messages[0].content[0].type"
+
+
+def test_booleans_are_read_as_vllms_pydantic_reads_them() -> None:
+    for value in (True, False, 0, 1, "false", "True", "no", "on", " yes "):
+        assert passes({"model": "m", "messages": MSG, "add_generation_prompt": value}), value
+        assert passes({"model": "m", "messages": MSG, "stream": value}), value
+    for value in (2, "maybe", 0.5, [], {}):
+        err = rejection({"model": "m", "messages": MSG, "stream": value})
+        assert (err.code, err.param) == ("invalid_type", "stream")

@@ -468,3 +468,43 @@ def test_an_output_cap_is_bounded_by_the_window_alone() -> None:
     assert f"the context window is {WINDOW} tokens" in err.message
     assert rejection(chat("hi", max_tokens=0), policy=AT_32K).code == "max_tokens_exceeded"
     assert rejection(chat("hi", max_tokens=-1), policy=AT_32K).code == "max_tokens_exceeded"
+
+
+def test_llama_cpp_python_overshoot_is_reserved() -> None:
+    from guard.checks.tokens import OUTPUT_OVERSHOOT
+    from guard.policy import load_policy
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "n": 2}
+    view = RequestView.build(body, path="/v1/chat/completions")
+    base = load_policy(None, env={})
+    for kind, extra in (("vllm", 0), ("other", 0), ("llama_cpp", OUTPUT_OVERSHOOT)):
+        result = check_tokens(view, base.with_upstream_kind(kind))  # type: ignore[arg-type]
+        assert result.costs["output_tokens"] == 8  # the relay's cap stays the request's
+        assert result.costs["output_tokens_reserved"] == (8 + extra) * 2
+
+
+def test_logit_bias_that_keeps_llama_cpp_python_past_max_tokens_is_refused() -> None:
+    from guard.policy import load_policy
+    from guard.tokens import get_counter as counter_for
+
+    base = load_policy(None, env={})
+    llama_cpp, vllm = base.with_upstream_kind("llama_cpp"), base.with_upstream_kind("vllm")
+    partial = sorted(counter_for().partial_char_ids or ())
+    assert partial
+    ok_id = next(i for i in range(1000) if i not in partial)
+
+    def code(bias: dict[str, Any], policy: Policy) -> str | None:
+        body = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8,
+            "logit_bias": bias,
+        }
+        result = check_tokens(RequestView.build(body, path="/v1/chat/completions"), policy)
+        return None if result.rejection is None else result.rejection.code
+
+    assert code({str(partial[0]): 5}, llama_cpp) == "output_cap_bypass"
+    assert code({str(partial[0]): "100"}, llama_cpp) == "output_cap_bypass"
+    assert code({str(partial[0]): -100}, llama_cpp) is None  # banning it is harmless
+    assert code({str(ok_id): 100}, llama_cpp) is None
+    assert code({str(partial[0]): 100}, vllm) is None  # vLLM stops at max_tokens
+    assert code({str(partial[0]): 100}, base) == "output_cap_bypass"  # not known yet

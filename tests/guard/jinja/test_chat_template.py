@@ -237,6 +237,7 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("int-to-bytes", "{{ (1).to_bytes(10**9, 'big') }}", CODE_VALUE_TOO_LARGE),
     ("bool-to-bytes", "{{ true.to_bytes(10**9, 'big') }}", CODE_VALUE_TOO_LARGE),
     ("strftime-width", "{{ strftime_now('%1000000000Y') }}", CODE_VALUE_TOO_LARGE),
+    ("strftime-flag-width", "{{ strftime_now('%-1000000000d') }}", CODE_VALUE_TOO_LARGE),
     ("range-overflow", "{{ range(10**100)|length }}", CODE_VALUE_TOO_LARGE),
     (
         "slice-retention",
@@ -1008,3 +1009,9 @@ def test_hardened_matches_plain_sandbox_on_tame_templates(source: str) -> None:
 def _no_addresses(text: str | None) -> str | None:
     # Reprs of generators and functions carry memory addresses.
     return None if text is None else re.sub(r" at 0x[0-9a-f]+", "", text)
+
+
+def test_strftime_now_takes_glibcs_flags() -> None:
+    # Chat templates print dates without padding ("%-d"): transformers' helper accepts them.
+    out = render_chat_template("{{ strftime_now('%-d %B %Y, %_H:%M %^a') }}", {})
+    assert out and "%" not in out

@@ -1,0 +1,102 @@
+"""Which upstream generates past ``max_tokens``, and what the guard reserves and refuses (issue 22).
+
+llama-cpp-python 0.3.36 skips its ``max_tokens`` test while the text it generated ends inside a
+UTF-8 character: a grammar of 4-byte characters gives ``completion_tokens`` up to 3 over the cap
+(the guard reserves that overshoot in front of it), and a positive ``logit_bias`` on a lone
+lead byte never lets the text end a character, so it generates until its context is full and
+answers 500 (the guard refuses it: ``output_cap_bypass``). vLLM stops at the cap either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from guard.checks.tokens import OUTPUT_OVERSHOOT
+from guard.tokens import get_counter
+from loadtests.chat_accounting import post_json
+from schedguard._servers import RunningServer
+from tests._guard_process import guard_spec, start
+from tests.e2e.conftest import RunningUpstream
+
+# Four 4-byte characters: byte-level tokens, so the cap can fall inside one.
+FOUR_BYTE_GRAMMAR = "root ::= " + " ".join(["[\\U00010000-\\U0001FFFF]"] * 6)
+
+
+def _lead_byte(tokenizer: Path) -> int:
+    """A token of the model's vocabulary that is one UTF-8 lead byte (0xF0)."""
+    partial = get_counter(str(tokenizer)).partial_char_ids
+    assert partial
+    return 176 if 176 in partial else min(partial)
+
+
+@pytest.fixture(scope="module")
+def guarded_llamacpp(
+    llamacpp_upstream: RunningUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    policy = tmp_path_factory.mktemp("output-caps") / "policy.yaml"
+    policy.write_text(
+        f"limits:\n  tokens:\n    tokenizer: {llamacpp_upstream.tokenizer_json}\n"
+        "rate:\n  requests_per_minute: null\n  tokens_per_minute: null\n"
+    )
+    server: RunningServer = start(guard_spec("guard", llamacpp_upstream.base_url, policy))
+    try:
+        server.wait_ready(120)
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_llama_cpp_python_overshoots_by_at_most_what_the_guard_reserves(
+    llamacpp_upstream: RunningUpstream, guarded_llamacpp: str
+) -> None:
+    over = []
+    for max_tokens in (5, 6, 7, 9):
+        body = {"prompt": "Hi", "max_tokens": max_tokens, "grammar": FOUR_BYTE_GRAMMAR, "seed": 1}
+        _, verdict = post_json(f"{guarded_llamacpp}/guard/v1/check?path=/v1/completions", body)
+        assert verdict["allowed"], verdict
+        reserved = verdict["costs"]["output_tokens_reserved"]
+        assert reserved == max_tokens + OUTPUT_OVERSHOOT
+        status, reply = post_json(llamacpp_upstream.base_url + "/v1/completions", body)
+        assert status == 200, reply
+        completion = reply["usage"]["completion_tokens"]
+        assert completion <= reserved, (max_tokens, completion)
+        over.append(completion - max_tokens)
+    assert max(over) > 0, over  # the overshoot is real (else the reservation is needless)
+
+
+def test_a_lead_byte_bias_runs_llama_cpp_python_to_its_context_and_the_guard_refuses_it(
+    llamacpp_upstream: RunningUpstream, guarded_llamacpp: str
+) -> None:
+    lead = _lead_byte(llamacpp_upstream.tokenizer_json)
+    body = {
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8,
+        "logit_bias": {str(lead): 5},
+        "temperature": 0,
+    }
+    status, reply = post_json(guarded_llamacpp + "/v1/chat/completions", body)
+    assert status == 400 and reply and "output_cap_bypass" in str(reply), reply
+    # Straight to it: far past max_tokens (a 500 once its context is full).
+    url = llamacpp_upstream.base_url + "/v1/chat/completions"
+    status, reply = post_json(url, body, timeout_s=300.0)
+    if status == 200:
+        assert reply["usage"]["completion_tokens"] > 8 + OUTPUT_OVERSHOOT, reply
+    else:
+        assert status == 500 and "llama_decode" in str(reply), (status, reply)
+
+
+def test_vllm_stops_at_max_tokens_whatever_the_bias(vllm_upstream: RunningUpstream) -> None:
+    lead = _lead_byte(vllm_upstream.tokenizer_json)
+    body = {
+        "model": vllm_upstream.model,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8,
+        "logit_bias": {str(lead): 100},
+        "temperature": 0,
+    }
+    status, reply = post_json(vllm_upstream.base_url + "/v1/chat/completions", body)
+    assert status == 200, reply
+    assert reply["usage"]["completion_tokens"] == 8
