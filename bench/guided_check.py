@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from guard.errors import GuardError
 from guard.guided import GuidedLimits, check_structured_outputs
-from guard.guided._backend_cost import clear_caches
+from guard.guided.backends import clear_caches
 
 MSG = [{"role": "user", "content": "hi"}]
 

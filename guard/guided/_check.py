@@ -7,8 +7,8 @@ request, anything over explicit limits:
 
 - regexes (``guided_regex``, ``structured_outputs.regex``, whitespace patterns, JSON-schema
   ``pattern`` and ``patternProperties`` keys): a length cap, a structural scan for nesting,
-  repetition products and ambiguous nested repetition (:mod:`guard.guided._regex_scan`), then RE2
-  under a memory cap (:mod:`guard.guided._re2`): what RE2 refuses is refused;
+  repetition products and ambiguous nested repetition (:mod:`guard.guided.regex._scan`), then RE2
+  under a memory cap (:mod:`guard.guided.regex._re2`): what RE2 refuses is refused;
 - JSON schemas (``response_format``, ``guided_json``, ``structured_outputs.json``, tool and
   function ``parameters``, ...): walked iteratively with caps on depth, nodes, characters,
   ``$ref`` count, ``$ref`` expansion (size and depth, so no billion laughs) and recursion,
@@ -16,8 +16,8 @@ request, anything over explicit limits:
 - grammars (llama.cpp ``grammar``, ``guided_grammar``, ``structured_outputs.grammar``, SGLang
   ``ebnf``): length, nesting (llama.cpp recurses once per group), rule count, ``{m,n}``
   repetition, and a nullable body under ``*`` / ``+`` (llama.cpp issue 18988), see
-  :mod:`guard.guided._grammar_scan`; the ``grammar`` field (llama-cpp-python's) is also parsed
-  as llama.cpp parses it (:mod:`guard.guided._gbnf`): what it refuses crashes the server;
+  :mod:`guard.guided.grammar._scan`; the ``grammar`` field (llama-cpp-python's) is also parsed
+  as llama.cpp parses it (:mod:`guard.guided.grammar._gbnf`): what it refuses crashes the server;
 - choice lists (``guided_choice``, ``structured_outputs.choice``): count and total characters;
 - the same inside structural tags, TGI's ``grammar`` object, the Responses API's
   ``text.format`` and custom tools' ``format``.
@@ -25,7 +25,7 @@ request, anything over explicit limits:
 Codes: ``guided_regex_{too_long,invalid,unsafe}``, ``guided_schema_{too_deep,too_large,
 invalid}``, ``guided_grammar_{too_deep,too_large,unsafe,invalid}``,
 ``guided_choice_{too_large,invalid}``, ``guided_schema_grammar_{invalid,too_large}`` (the
-grammar llama-cpp-python makes of a schema, :mod:`guard.guided._llamacpp`); ``*_invalid`` is a :class:`~guard.errors.GuardError`,
+grammar llama-cpp-python makes of a schema, :mod:`guard.guided.grammar._llamacpp`); ``*_invalid`` is a :class:`~guard.errors.GuardError`,
 the rest :class:`~guard.errors.LimitExceeded`, all HTTP 400.
 
 Everything is a pure function of (request body, :class:`~guard.guided.GuidedLimits`); refusals carry a stable
@@ -43,14 +43,17 @@ from typing import Any, NoReturn
 from urllib.parse import unquote
 
 from guard.errors import GuardError, LimitExceeded, RegexRejected
-from guard.guided._gbnf import GbnfLimits, parse_gbnf
-from guard.guided._grammar_scan import scan_gbnf, scan_nesting
 from guard.guided._limits import GuidedLimits
-from guard.guided._llamacpp import llama_cpp_schemas, schema_grammar_problem
-from guard.guided._re2 import re2_program_size
-from guard.guided._regex_scan import UNSAFE, scan_regex
-from guard.guided._schema_bounds import bound_here
-from guard.guided._schema_facts import BOUND_SKIP, FACT_KEYS, Memo, SchemaFacts, add_node
+from guard.guided.grammar import (
+    GbnfLimits,
+    llama_cpp_schemas,
+    parse_gbnf,
+    scan_gbnf,
+    scan_nesting,
+    schema_grammar_problem,
+)
+from guard.guided.regex import UNSAFE, re2_program_size, scan_regex
+from guard.guided.schema import BOUND_SKIP, FACT_KEYS, Memo, SchemaFacts, add_node, bound_here
 
 __all__ = ["check_guided_decoding"]
 
@@ -660,7 +663,7 @@ def _number_ok(value: Any, key: str, limit: float) -> bool:
 
 def _fast_schema(ctx: _Ctx, root: Mapping[str, Any], path: _Path) -> SchemaFacts | None:
     """The schema check of a plain JSON schema (dicts, lists and scalars) in one walk that also
-    gathers its :class:`~guard.guided._schema_facts.SchemaFacts`; None at the first sign of a
+    gathers its :class:`~guard.guided.schema._facts.SchemaFacts`; None at the first sign of a
     problem (then nothing it counted stands: the caller restores the counters and runs the
     exact walk, which reports the first problem in document order).
 
@@ -1011,7 +1014,7 @@ def check_guided_decoding(
     ``*_too_deep``, ``*_unsafe``) or :class:`~guard.errors.GuardError` (``*_invalid``).
     Constraints are checked in a fixed order (choices, grammars, regexes, schemas, tools,
     structural tags), so a body crossing several limits always gets the same refusal.
-    ``facts``, when given, receives the :class:`~guard.guided._schema_facts.SchemaFacts` of
+    ``facts``, when given, receives the :class:`~guard.guided.schema._facts.SchemaFacts` of
     the schemas walked (by ``id``).
     """
     ctx = _Ctx(limits, facts)

@@ -1,9 +1,9 @@
 """What the backend routing, the backend cost models and the nested-bound check read from a JSON
 schema, gathered in one walk.
 
-vLLM's routing (:func:`guard.guided._backends.route_auto`), xgrammar's and llguidance's cost
-estimates (:mod:`guard.guided._backend_cost`) and the nested-bound product
-(:mod:`guard.guided._schema_bounds`) each used to walk the whole schema again. They read a few
+vLLM's routing (:func:`guard.guided.backends._routing.route_auto`), xgrammar's and llguidance's cost
+estimates (:mod:`guard.guided.backends._cost`) and the nested-bound product
+(:mod:`guard.guided.schema._bounds`) each used to walk the whole schema again. They read a few
 keywords per object, the same whatever the object's place in the schema: :func:`add_node` reads
 them from one object into a :class:`SchemaFacts`, in the order the estimates add them up
 (objects in pre-order, children right to left), so the sums are the same to the last bit. The
@@ -14,7 +14,7 @@ calls, which holds the tools' parameters: their facts are reused, not walked aga
 The nested-bound product is the largest product of ``minItems``/``maxItems`` and
 ``minLength``/``maxLength`` along one path; without a ``$ref`` it is found in the same walk.
 With one, :attr:`SchemaFacts.bound` is None and the caller follows the references
-(:func:`guard.guided._schema_bounds.largest_bound_product`).
+(:func:`guard.guided.schema._bounds.largest_bound_product`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from guard.guided._regex_syntax import guidance_rejects_regex, xgrammar_rejects_regex
-from guard.guided._schema_bounds import bound_here
+from guard.guided.regex import guidance_rejects_regex, xgrammar_rejects_regex
+from guard.guided.schema._bounds import bound_here
 
 __all__ = ["BOUND_SKIP", "FACT_KEYS", "SchemaFacts", "add_node", "facts_of"]
 

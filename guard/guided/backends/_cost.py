@@ -1,6 +1,6 @@
 """Static cost estimates of what each structured-output backend does with a constraint.
 
-One linear pass over the constraint (the regex AST of :mod:`guard.guided._regex_ast`, or the
+One linear pass over the constraint (the regex AST of :mod:`guard.guided.regex._ast`, or the
 JSON-schema tree) per backend; counted repetitions are priced symbolically, never unrolled. The
 models and their constants come from measurements of the backends vLLM 0.32 installs
 (outlines-core 0.2.14, xgrammar 0.2.8, llguidance 1.7.6) with byte-level BPE vocabularies of
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from guard.guided._regex_ast import (
+from guard.guided.regex import (
     ALT,
     CAT,
     EPS,
@@ -46,7 +46,7 @@ from guard.guided._regex_ast import (
     multibyte,
     parse_regex,
 )
-from guard.guided._schema_facts import Memo, count_of, facts_of
+from guard.guided.schema import Memo, count_of, facts_of
 
 __all__ = [
     "Estimate",
@@ -779,7 +779,7 @@ def guidance_cost(kind: str, spec: Any, vocab: int, facts: Memo | None = None) -
 
 def clear_caches() -> None:
     """Forget every cached per-pattern result (benchmarks measure cold checks)."""
-    from guard.guided._regex_syntax import guidance_rejects_regex, xgrammar_rejects_regex
+    from guard.guided.regex import guidance_rejects_regex, xgrammar_rejects_regex
 
     _shape_of.cache_clear()
     _xgr_terms_of.cache_clear()

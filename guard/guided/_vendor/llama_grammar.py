@@ -3,8 +3,8 @@
 """llama-cpp-python 0.3.36's JSON-schema-to-GBNF converter, verbatim (``llama_cpp/llama_grammar.py``
 from ``SPACE_RULE`` to ``json_schema_to_gbnf``; MIT License, Copyright (c) 2023 Andrei Betlen),
 so that the guard builds the grammar llama-cpp-python would build of a request's schema and
-checks it with llama.cpp's parser (:mod:`guard.guided._gbnf`). Not edited: the guard must see
-exactly what the upstream makes. Only called from :mod:`guard.guided._llamacpp`.
+checks it with llama.cpp's parser (:mod:`guard.guided.grammar._gbnf`). Not edited: the guard must see
+exactly what the upstream makes. Only called from :mod:`guard.guided.grammar._llamacpp`.
 """
 
 from itertools import groupby

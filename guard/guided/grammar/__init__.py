@@ -1,0 +1,26 @@
+"""Grammars in guided-decoding constraints (GBNF, EBNF, Lark), read before an upstream parses
+them.
+
+- :func:`scan_gbnf`, :func:`scan_nesting`: linear scans for nesting, rule counts, ``{m,n}``
+  repetition and nullable repetition, for every grammar dialect (:mod:`._scan`);
+- :func:`parse_gbnf`: llama.cpp's own GBNF parser, mirrored: what it refuses crashes
+  llama-cpp-python (:mod:`._gbnf`);
+- :func:`llama_cpp_schemas`, :func:`schema_grammar_problem`: the grammars llama-cpp-python
+  makes of a request's JSON schemas, checked as llama.cpp will parse them (:mod:`._llamacpp`,
+  with llama-cpp-python's converter vendored in :mod:`guard.guided._vendor`).
+"""
+
+from __future__ import annotations
+
+from guard.guided.grammar._gbnf import GbnfLimits, parse_gbnf
+from guard.guided.grammar._llamacpp import llama_cpp_schemas, schema_grammar_problem
+from guard.guided.grammar._scan import scan_gbnf, scan_nesting
+
+__all__ = [
+    "GbnfLimits",
+    "llama_cpp_schemas",
+    "parse_gbnf",
+    "scan_gbnf",
+    "scan_nesting",
+    "schema_grammar_problem",
+]
