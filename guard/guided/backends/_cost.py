@@ -46,7 +46,7 @@ from guard.guided.regex import (
     multibyte,
     parse_regex,
 )
-from guard.guided.schema import Memo, count_of, facts_of
+from guard.guided.schema import Memo, count_of, facts_of, resolve_ref
 
 __all__ = [
     "Estimate",
@@ -460,7 +460,7 @@ class _SchemaSizer:
         if isinstance(ref, str):
             if refs >= _MAX_REF_DEPTH:
                 raise _OutlinesRejects
-            return self.size(_resolve(self.root, ref), top, refs + 1)
+            return self.size(resolve_ref(self.root, ref), top, refs + 1)
         enum = s.get("enum")
         if isinstance(enum, list):
             return float(trie_size(_json_text(v) for v in enum)) + 2
@@ -541,23 +541,6 @@ def trie_size(words: Iterable[str]) -> int:
 
 
 _count = count_of
-
-
-def _resolve(root: Any, ref: str) -> Any:
-    if ref == "#":
-        return root
-    if not ref.startswith("#/"):
-        return None
-    node = root
-    for raw in ref[2:].split("/"):
-        token = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def _outlines_schema(schema: Any, vocab: int, facts: Memo | None) -> Estimate:

@@ -1,13 +1,12 @@
 """JSON schemas in guided-decoding constraints: what the backend routing and cost models read
 from a schema, gathered in one walk (:mod:`._facts`), and the nested size bounds multiplied
-along each path (:mod:`._bounds`).
+along each path (:mod:`._bounds`), a local ``$ref`` resolved (:mod:`._refs`).
 """
 
 from __future__ import annotations
 
-from guard.guided.schema._bounds import bound_here, largest_bound_product
+from guard.guided.schema._bounds import BOUND_SKIP, bound_here, largest_bound_product
 from guard.guided.schema._facts import (
-    BOUND_SKIP,
     FACT_KEYS,
     Memo,
     SchemaFacts,
@@ -15,6 +14,7 @@ from guard.guided.schema._facts import (
     count_of,
     facts_of,
 )
+from guard.guided.schema._refs import resolve_ref
 
 __all__ = [
     "BOUND_SKIP",
@@ -26,4 +26,5 @@ __all__ = [
     "count_of",
     "facts_of",
     "largest_bound_product",
+    "resolve_ref",
 ]

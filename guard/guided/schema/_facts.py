@@ -23,14 +23,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from guard.guided.regex import guidance_rejects_regex, xgrammar_rejects_regex
-from guard.guided.schema._bounds import bound_here
+from guard.guided.schema._bounds import BOUND_CAP, BOUND_SKIP, bound_here
 
-__all__ = ["BOUND_SKIP", "FACT_KEYS", "SchemaFacts", "add_node", "facts_of"]
+__all__ = ["FACT_KEYS", "SchemaFacts", "add_node", "facts_of"]
 
-_CAP = 10**30
 _ARRAY_KEYS = ("minItems", "maxItems")
-BOUND_SKIP = frozenset({"enum", "const", "examples", "default", "$defs", "definitions"})
-"""Keys whose values the nested-bound walk does not enter (data, or reached through $ref)."""
 
 _STRING_FORMATS = frozenset(
     {
@@ -285,7 +282,7 @@ def facts_of(schema: Any, memo: Memo | None = None) -> SchemaFacts:
                     if sub.bound is None:
                         f.bound = None
                     else:
-                        best = max(best, min(_CAP, product * sub.bound))
+                        best = max(best, min(BOUND_CAP, product * sub.bound))
                 continue
         t = type(node)
         if t is dict or (t is not list and isinstance(node, Mapping)):
