@@ -4,9 +4,9 @@ schemas and grammars, each bounded before an upstream compiles them.
 
 from __future__ import annotations
 
+from guard.guided._check import check_guided_decoding
 from guard.guided._limits import GuidedLimits
 from guard.guided._structured import check_structured_outputs
-from guard.guided.schema._walk import check_guided_decoding
 
 __all__ = [
     "GuidedLimits",

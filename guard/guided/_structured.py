@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from guard.errors import GuardError, LimitExceeded
+from guard.guided._check import check_guided_decoding
 from guard.guided._limits import GuidedLimits
 from guard.guided.backends import check_constraint, constraints, fmt_path
 from guard.guided.schema import Memo, facts_of, largest_bound_product
-from guard.guided.schema._walk import check_guided_decoding
 
 __all__ = ["check_structured_outputs"]
 

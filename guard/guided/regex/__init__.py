@@ -1,5 +1,7 @@
 """Regexes in guided-decoding constraints, read before any engine compiles them.
 
+- :func:`check_regex`: one regex constraint against the request's budget: the scan, then RE2
+  (:mod:`._check`);
 - :func:`scan_regex`: one left-to-right pass that refuses deep nesting, large repetition
   products and ambiguous nested repetition, and estimates RE2's program size (:mod:`._scan`);
 - :func:`re2_program_size`: RE2 compiles it under a memory cap; what RE2 refuses is refused
@@ -30,6 +32,7 @@ from guard.guided.regex._ast import (
     parse_regex,
     rust_reads_differently,
 )
+from guard.guided.regex._check import check_regex
 from guard.guided.regex._re2 import re2_program_size
 from guard.guided.regex._scan import INVALID, UNSAFE, ScanResult, scan_regex
 from guard.guided.regex._syntax import guidance_rejects_regex, xgrammar_rejects_regex
@@ -49,6 +52,7 @@ __all__ = [
     "ScanResult",
     "Unpriceable",
     "ascii_printable",
+    "check_regex",
     "covers",
     "guidance_rejects_regex",
     "meets",

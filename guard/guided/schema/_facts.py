@@ -7,7 +7,7 @@ estimates (:mod:`guard.guided.backends._cost`) and the nested-bound product
 keywords per object, the same whatever the object's place in the schema: :func:`add_node` reads
 them from one object into a :class:`SchemaFacts`, in the order the estimates add them up
 (objects in pre-order, children right to left), so the sums are the same to the last bit. The
-schema check's own walk (:mod:`guard.guided._check`) calls it on every object it visits, and
+schema check's own walk (:mod:`guard.guided.schema._walk`) calls it on every object it visits, and
 :func:`facts_of` walks a schema the check did not see (the schema vLLM builds from forced tool
 calls, which holds the tools' parameters: their facts are reused, not walked again).
 

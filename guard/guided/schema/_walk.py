@@ -1,256 +1,25 @@
-"""Guided-decoding constraints checked before an upstream compiles them.
+"""One JSON schema checked against the policy's schema limits, walked with an explicit stack.
 
-Regexes, JSON schemas, grammars and choice lists in a request become automata or grammars inside
-the upstream (xgrammar, outlines, llguidance, llama.cpp's GBNF parser). Building those can burn
-CPU, exhaust memory or overflow a native stack, so this module refuses, in time linear in the
-request, anything over explicit limits:
-
-- regexes (``guided_regex``, ``structured_outputs.regex``, whitespace patterns, JSON-schema
-  ``pattern`` and ``patternProperties`` keys): a length cap, a structural scan for nesting,
-  repetition products and ambiguous nested repetition (:mod:`guard.guided.regex._scan`), then RE2
-  under a memory cap (:mod:`guard.guided.regex._re2`): what RE2 refuses is refused;
-- JSON schemas (``response_format``, ``guided_json``, ``structured_outputs.json``, tool and
-  function ``parameters``, ...): walked iteratively with caps on depth, nodes, characters,
-  ``$ref`` count, ``$ref`` expansion (size and depth, so no billion laughs) and recursion,
-  ``enum`` size and the numbers that drive grammar size (``maxLength``, ``minItems``, ...);
-- grammars (llama.cpp ``grammar``, ``guided_grammar``, ``structured_outputs.grammar``, SGLang
-  ``ebnf``): length, nesting (llama.cpp recurses once per group), rule count, ``{m,n}``
-  repetition, and a nullable body under ``*`` / ``+`` (llama.cpp issue 18988), see
-  :mod:`guard.guided.grammar._scan`; the ``grammar`` field (llama-cpp-python's) is also parsed
-  as llama.cpp parses it (:mod:`guard.guided.grammar._gbnf`): what it refuses crashes the server;
-- choice lists (``guided_choice``, ``structured_outputs.choice``): count and total characters;
-- the same inside structural tags, TGI's ``grammar`` object, the Responses API's
-  ``text.format`` and custom tools' ``format``.
-
-Codes: ``guided_regex_{too_long,invalid,unsafe}``, ``guided_schema_{too_deep,too_large,
-invalid}``, ``guided_grammar_{too_deep,too_large,unsafe,invalid}``,
-``guided_choice_{too_large,invalid}``, ``guided_schema_grammar_{invalid,too_large}`` (the
-grammar llama-cpp-python makes of a schema, :mod:`guard.guided.grammar._llamacpp`); ``*_invalid`` is a :class:`~guard.errors.GuardError`,
-the rest :class:`~guard.errors.LimitExceeded`, all HTTP 400.
-
-Everything is a pure function of (request body, :class:`~guard.guided.GuidedLimits`); refusals carry a stable
-code and a ``param`` naming the field, and never quote attacker-sized text.
+Depth, nodes, characters (after ``$ref`` expansion too: size and depth by dynamic programming
+over the graph of reference targets, so no billion laughs), ``$ref`` count and recursion,
+``enum`` size, the numbers that drive grammar size (``maxLength``, ``minItems``, ...), and the
+regexes of ``pattern`` and ``patternProperties`` (:func:`guard.guided.regex.check_regex`).
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 import math
-import re
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import unquote
 
-from guard.errors import GuardError, LimitExceeded, RegexRejected
-from guard.guided._limits import GuidedLimits
-from guard.guided.grammar import (
-    GbnfLimits,
-    llama_cpp_schemas,
-    parse_gbnf,
-    scan_gbnf,
-    scan_nesting,
-    schema_grammar_problem,
-)
-from guard.guided.regex import UNSAFE, re2_program_size, scan_regex
-from guard.guided.schema import BOUND_SKIP, FACT_KEYS, Memo, SchemaFacts, add_node, bound_here
+from guard.guided._budget import ParamPath, RequestBudget, refuse, refuse_invalid
+from guard.guided.regex import check_regex
+from guard.guided.schema._bounds import BOUND_SKIP, bound_here
+from guard.guided.schema._facts import FACT_KEYS, SchemaFacts, add_node
 
-__all__ = ["check_guided_decoding"]
-
-
-# ---- errors and parameter paths --------------------------------------------------------------
-
-_Path = tuple[str | int, ...]
-_IDENT = re.compile(r"[A-Za-z0-9_$\-]{1,40}")
-_MAX_PATH = 300
-
-
-def _fmt(path: _Path) -> str:
-    """``a.b[0]["odd key"]``; keys are cut to 40 characters and the path to 300."""
-    out: list[str] = []
-    for part in path:
-        if isinstance(part, int):
-            out.append(f"[{part}]")
-        elif _IDENT.fullmatch(part):
-            out.append(f".{part}" if out else part)
-        else:
-            label = part if len(part) <= 40 else part[:40] + "..."
-            out.append("[" + json.dumps(label) + "]")
-    text = "".join(out)
-    if len(text) > _MAX_PATH:
-        text = text[: _MAX_PATH // 2 - 2] + "..." + text[-(_MAX_PATH // 2 - 2) :]
-    return text
-
-
-def _limit(code: str, message: str, path: _Path) -> NoReturn:
-    raise LimitExceeded(code, message, param=_fmt(path))
-
-
-def _invalid(code: str, message: str, path: _Path) -> NoReturn:
-    raise GuardError(code, message, param=_fmt(path))
-
-
-class _Ctx:
-    """Per-request counters shared by every constraint in the body."""
-
-    def __init__(self, limits: GuidedLimits, facts: Memo | None = None) -> None:
-        self.limits = limits
-        self.facts = facts  # schema facts gathered on the way, for the backend checks
-        self.regexes = 0
-        self.regex_chars = 0
-        self.regex_program = 0
-        self.regex_sizes: dict[str, int] = {}  # accepted pattern -> estimated program size
-        self.schemas = 0
-        self.schema_nodes = 0
-        self.schema_chars = 0
-        self.refs = 0
-
-    # The counters, to undo a fast walk that gave up. ``regex_sizes`` is not saved: what a
-    # fast walk adds to it is what the exact walk would find (a pattern's size).
-    def snapshot(self) -> tuple[int, ...]:
-        return (
-            self.regexes,
-            self.regex_chars,
-            self.regex_program,
-            self.schema_nodes,
-            self.schema_chars,
-            self.refs,
-        )
-
-    def restore(self, saved: tuple[int, ...]) -> None:
-        (
-            self.regexes,
-            self.regex_chars,
-            self.regex_program,
-            self.schema_nodes,
-            self.schema_chars,
-            self.refs,
-        ) = saved
-
-    # The path is built only when a limit is crossed: walks call these once per node.
-    def nodes_over(self, n: int) -> bool:
-        self.schema_nodes += n
-        return self.schema_nodes > self.limits.max_schema_nodes
-
-    def chars_over(self, n: int) -> bool:
-        self.schema_chars += n
-        return self.schema_chars > self.limits.max_schema_chars
-
-    def too_many_nodes(self, path: _Path) -> NoReturn:
-        _limit(
-            "guided_schema_too_large",
-            f"JSON schemas in the request exceed {self.limits.max_schema_nodes} nodes",
-            path,
-        )
-
-    def too_many_chars(self, path: _Path) -> NoReturn:
-        _limit(
-            "guided_schema_too_large",
-            f"JSON schemas in the request exceed {self.limits.max_schema_chars} characters",
-            path,
-        )
-
-
-# ---- regexes ---------------------------------------------------------------------------------
-
-
-def _check_regex(ctx: _Ctx, pattern: Any, path: _Path) -> None:
-    limits = ctx.limits
-    if not isinstance(pattern, str):
-        _invalid("guided_regex_invalid", "a regex must be a string", path)
-    if len(pattern) > limits.max_regex_length:
-        _limit(
-            "guided_regex_too_long",
-            f"regex longer than {limits.max_regex_length} characters",
-            path,
-        )
-    ctx.regexes += 1
-    if ctx.regexes > limits.max_regexes:
-        _limit("guided_regex_unsafe", f"more than {limits.max_regexes} regexes", path)
-    ctx.regex_chars += len(pattern)
-    if ctx.regex_chars > limits.max_regex_total_length:
-        _limit(
-            "guided_regex_too_long",
-            f"regexes in the request exceed {limits.max_regex_total_length} characters",
-            path,
-        )
-    # Budgets count every occurrence; the work is done once per distinct pattern (tools often
-    # repeat the same ones).
-    known = ctx.regex_sizes.get(pattern)
-    try:
-        scan_size = known if known is not None else scan_regex(pattern, ctx.limits).est_program_size
-        ctx.regex_program += scan_size
-        if ctx.regex_program > limits.max_regex_total_program_size:
-            _limit(
-                "guided_regex_unsafe",
-                "regexes in the request would compile to more than "
-                f"{limits.max_regex_total_program_size} instructions",
-                path,
-            )
-        if known is None:
-            re2_program_size(
-                pattern,
-                max_mem=limits.re2_max_mem,
-                max_program_size=limits.max_regex_program_size,
-            )
-            ctx.regex_sizes[pattern] = scan_size
-    except RegexRejected as e:
-        if e.code == UNSAFE:
-            _limit(e.code, e.message, path)
-        _invalid(e.code, e.message, path)
-
-
-# ---- JSON text embedded in a string ------------------------------------------------------------
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("duplicate key")
-    return out
-
-
-def _bounded_int(text: str) -> int:
-    if len(text) > 20:
-        raise ValueError("integer too long")
-    return int(text)
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("non-finite number")
-    return value
-
-
-def _reject_constant(_: str) -> NoReturn:
-    raise ValueError("non-finite number")
-
-
-def _parse_json_text(ctx: _Ctx, text: str, path: _Path) -> Any:
-    """Parse a schema sent as a JSON string; size-capped, and the C parser raises
-    RecursionError (not a crash) on deep nesting."""
-    if ctx.chars_over(len(text)):
-        ctx.too_many_chars(path)
-    try:
-        return json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_int=_bounded_int,
-            parse_float=_finite_float,
-            parse_constant=_reject_constant,
-        )
-    except RecursionError:
-        _limit(
-            "guided_schema_too_deep",
-            f"JSON nested deeper than {ctx.limits.max_schema_depth} levels",
-            path,
-        )
-    except (ValueError, TypeError):
-        _invalid("guided_schema_invalid", "the schema string is not valid JSON", path)
-
-
-# ---- JSON schemas ------------------------------------------------------------------------------
+__all__ = ["exact_schema_walk", "fast_schema_walk"]
 
 # What a walked value is: a schema, a map or list of schemas, or plain data (counted only).
 _SCHEMA, _MAP, _LIST, _PATTERN_MAP, _DEPS, _DATA = range(6)
@@ -298,7 +67,7 @@ class _SchemaWalk:
     """One schema, walked with an explicit stack; containers get pre-order indices so that a
     subtree is an index interval (used to expand ``$ref`` without materialising anything)."""
 
-    def __init__(self, ctx: _Ctx, root: Any, path: _Path) -> None:
+    def __init__(self, ctx: RequestBudget, root: Any, path: ParamPath) -> None:
         self.ctx = ctx
         self.limits = ctx.limits
         self.root = root
@@ -311,7 +80,7 @@ class _SchemaWalk:
         self.refs: list[tuple[int, str, str]] = []  # (site index, ref, keyword)
         self.patterns: list[tuple[int, str, str]] = []  # (index, label, pattern)
 
-    def path_of(self, idx: int, *extra: str | int) -> _Path:
+    def path_of(self, idx: int, *extra: str | int) -> ParamPath:
         parts: list[str | int] = []
         while idx > 0:
             parts.append(self.label[idx])
@@ -323,7 +92,7 @@ class _SchemaWalk:
         self._walk()
         self._expand_refs()
         for idx, label, pattern in self.patterns:
-            _check_regex(self.ctx, pattern, self.path_of(idx, label))
+            check_regex(self.ctx, pattern, self.path_of(idx, label))
 
     # -- the walk ------------------------------------------------------------------------------
 
@@ -345,7 +114,7 @@ class _SchemaWalk:
             self.depth.append(depth)
             self.count.append(1)
             if depth > limits.max_schema_depth:
-                _limit(
+                refuse(
                     "guided_schema_too_deep",
                     f"schema nested deeper than {limits.max_schema_depth} levels",
                     self.path_of(idx),
@@ -356,7 +125,7 @@ class _SchemaWalk:
                 ctx.too_many_nodes(self.path_of(idx))
             if role == _SCHEMA:
                 if not is_map:
-                    _invalid(
+                    refuse_invalid(
                         "guided_schema_invalid",
                         "a schema must be an object or a boolean",
                         self.path_of(idx),
@@ -372,17 +141,19 @@ class _SchemaWalk:
                     stack.append((value, idx, label, depth + 1, _DATA))
             elif role == _LIST:
                 if is_map:
-                    _invalid(
+                    refuse_invalid(
                         "guided_schema_invalid", "expected a list of schemas", self.path_of(idx)
                     )
                 for i in range(len(node) - 1, -1, -1):
                     stack.append((node[i], idx, i, depth + 1, _SCHEMA))
             else:  # _MAP, _PATTERN_MAP, _DEPS: objects whose values are schemas
                 if not is_map:
-                    _invalid("guided_schema_invalid", "expected an object", self.path_of(idx))
+                    refuse_invalid("guided_schema_invalid", "expected an object", self.path_of(idx))
                 for key, value in reversed(list(node.items())):
                     if not isinstance(key, str):
-                        _invalid("guided_schema_invalid", "keys must be strings", self.path_of(idx))
+                        refuse_invalid(
+                            "guided_schema_invalid", "keys must be strings", self.path_of(idx)
+                        )
                     if ctx.chars_over(len(key)):
                         ctx.too_many_chars(self.path_of(idx))
                     if role == _PATTERN_MAP:
@@ -397,9 +168,9 @@ class _SchemaWalk:
             self.ctx.too_many_chars(self.path_of(parent, label) if parent >= 0 else self.path)
         if role == _SCHEMA and not isinstance(node, bool):
             path = self.path if parent < 0 else self.path_of(parent, label)
-            _invalid("guided_schema_invalid", "a schema must be an object or a boolean", path)
+            refuse_invalid("guided_schema_invalid", "a schema must be an object or a boolean", path)
         if role in (_MAP, _PATTERN_MAP, _DEPS, _LIST):
-            _invalid(
+            refuse_invalid(
                 "guided_schema_invalid",
                 "expected an object" if role != _LIST else "expected a list of schemas",
                 self.path_of(parent, label),
@@ -415,13 +186,13 @@ class _SchemaWalk:
         limits = self.limits
         for key, value in reversed(list(node.items())):
             if not isinstance(key, str):
-                _invalid("guided_schema_invalid", "keys must be strings", self.path_of(idx))
+                refuse_invalid("guided_schema_invalid", "keys must be strings", self.path_of(idx))
             if self.ctx.chars_over(len(key)):
                 self.ctx.too_many_chars(self.path_of(idx))
             role = _DATA
             if key == "pattern":
                 if not isinstance(value, str):
-                    _invalid(
+                    refuse_invalid(
                         "guided_regex_invalid", "a regex must be a string", self.path_of(idx, key)
                     )
                 self.patterns.append((idx, key, value))
@@ -439,15 +210,17 @@ class _SchemaWalk:
                 role = _SCHEMA
             elif key in _REF_KEYWORDS:
                 if not isinstance(value, str):
-                    _invalid(
+                    refuse_invalid(
                         "guided_schema_invalid", "$ref must be a string", self.path_of(idx, key)
                     )
                 self.refs.append((idx, value, key))
             elif key == "enum":
                 if not _is_list(value):
-                    _invalid("guided_schema_invalid", "enum must be a list", self.path_of(idx, key))
+                    refuse_invalid(
+                        "guided_schema_invalid", "enum must be a list", self.path_of(idx, key)
+                    )
                 if len(value) > limits.max_schema_enum:
-                    _limit(
+                    refuse(
                         "guided_schema_too_large",
                         f"enum with more than {limits.max_schema_enum} values",
                         self.path_of(idx, key),
@@ -463,13 +236,19 @@ class _SchemaWalk:
     def _bound(self, value: Any, cap: int, idx: int, key: str) -> None:
         """A count that grammar compilers unroll (``maxLength`` 10**9 becomes 10**9 states)."""
         if isinstance(value, bool) or not isinstance(value, int | float):
-            _invalid("guided_schema_invalid", f"{key} must be a number", self.path_of(idx, key))
+            refuse_invalid(
+                "guided_schema_invalid", f"{key} must be a number", self.path_of(idx, key)
+            )
         if isinstance(value, float) and not (math.isfinite(value) and value == int(value)):
-            _invalid("guided_schema_invalid", f"{key} must be an integer", self.path_of(idx, key))
+            refuse_invalid(
+                "guided_schema_invalid", f"{key} must be an integer", self.path_of(idx, key)
+            )
         if value < 0:
-            _invalid("guided_schema_invalid", f"{key} must not be negative", self.path_of(idx, key))
+            refuse_invalid(
+                "guided_schema_invalid", f"{key} must not be negative", self.path_of(idx, key)
+            )
         if value > cap:
-            _limit(
+            refuse(
                 "guided_schema_too_large", f"{key} above the limit of {cap}", self.path_of(idx, key)
             )
 
@@ -477,17 +256,21 @@ class _SchemaWalk:
         if isinstance(value, bool) and key in ("exclusiveMinimum", "exclusiveMaximum"):
             return  # draft 4 spells these as booleans
         if isinstance(value, bool) or not isinstance(value, int | float):
-            _invalid("guided_schema_invalid", f"{key} must be a number", self.path_of(idx, key))
+            refuse_invalid(
+                "guided_schema_invalid", f"{key} must be a number", self.path_of(idx, key)
+            )
         if isinstance(value, float) and not math.isfinite(value):
-            _invalid("guided_schema_invalid", f"{key} must be finite", self.path_of(idx, key))
+            refuse_invalid("guided_schema_invalid", f"{key} must be finite", self.path_of(idx, key))
         if abs(value) > self.limits.max_schema_number:
-            _limit(
+            refuse(
                 "guided_schema_too_large",
                 f"{key} beyond ±{self.limits.max_schema_number:g}",
                 self.path_of(idx, key),
             )
         if key == "multipleOf" and value <= 0:
-            _invalid("guided_schema_invalid", "multipleOf must be positive", self.path_of(idx, key))
+            refuse_invalid(
+                "guided_schema_invalid", "multipleOf must be positive", self.path_of(idx, key)
+            )
 
     # -- $ref ----------------------------------------------------------------------------------
 
@@ -498,7 +281,9 @@ class _SchemaWalk:
         if target is None:
             target = self._lookup(ref)
             if target in _REF_ERRORS:
-                _invalid("guided_schema_invalid", _REF_ERRORS[target], self.path_of(site, key))
+                refuse_invalid(
+                    "guided_schema_invalid", _REF_ERRORS[target], self.path_of(site, key)
+                )
             resolved[ref] = target
         return target
 
@@ -538,7 +323,7 @@ class _SchemaWalk:
         self.ctx.refs += len(self.refs)
         if self.ctx.refs > limits.max_schema_refs:
             site, _, key = self.refs[0]
-            _limit(
+            refuse(
                 "guided_schema_too_large",
                 f"more than {limits.max_schema_refs} $ref in the request",
                 self.path_of(site, key),
@@ -547,13 +332,13 @@ class _SchemaWalk:
         targets = [self._resolve(ref, site, key, resolved) for site, ref, key in self.refs]
         size, span = self._expanded(targets, end, total, deepest)
         if self.ctx.nodes_over(size - total[0]):
-            _limit(
+            refuse(
                 "guided_schema_too_large",
                 f"JSON schemas exceed {limits.max_schema_nodes} nodes once $ref is expanded",
                 self.path,
             )
         if span > limits.max_schema_depth:
-            _limit(
+            refuse(
                 "guided_schema_too_deep",
                 f"schema nested deeper than {limits.max_schema_depth} levels once $ref is expanded",
                 self.path,
@@ -599,7 +384,7 @@ class _SchemaWalk:
                     if limits.allow_recursive_refs:
                         continue
                     site, _, key = self.refs[pos]
-                    _limit(
+                    refuse(
                         "guided_schema_too_deep",
                         "recursive $ref (the schema would expand without end)",
                         self.path_of(site, key),
@@ -661,7 +446,9 @@ def _number_ok(value: Any, key: str, limit: float) -> bool:
     return abs(value) <= limit and not (key == "multipleOf" and value <= 0)
 
 
-def _fast_schema(ctx: _Ctx, root: Mapping[str, Any], path: _Path) -> SchemaFacts | None:
+def fast_schema_walk(
+    ctx: RequestBudget, root: Mapping[str, Any], path: ParamPath
+) -> SchemaFacts | None:
     """The schema check of a plain JSON schema (dicts, lists and scalars) in one walk that also
     gathers its :class:`~guard.guided.schema._facts.SchemaFacts`; None at the first sign of a
     problem (then nothing it counted stands: the caller restores the counters and runs the
@@ -848,260 +635,11 @@ def _fast_schema(ctx: _Ctx, root: Mapping[str, Any], path: _Path) -> SchemaFacts
             return None  # which recursive $ref counts once depends on the exact walk's order
         walk._expand_refs()
     for _, _, pattern in patterns:
-        _check_regex(ctx, pattern, path)
+        check_regex(ctx, pattern, path)
     facts.bound = None if bound_ref else best
     return facts
 
 
-def _check_schema(ctx: _Ctx, value: Any, path: _Path) -> None:
-    if value is None:
-        return
-    ctx.schemas += 1
-    if ctx.schemas > ctx.limits.max_schemas:
-        _limit("guided_schema_too_large", f"more than {ctx.limits.max_schemas} schemas", path)
-    if isinstance(value, str):
-        value = _parse_json_text(ctx, value, path)
-    if not (isinstance(value, Mapping | bool)):
-        _invalid("guided_schema_invalid", "a schema must be an object or a boolean", path)
-    if isinstance(value, bool):
-        if ctx.nodes_over(1):
-            ctx.too_many_nodes(path)
-        return
-    saved = ctx.snapshot()
-    try:
-        facts = _fast_schema(ctx, value, path)
-    except GuardError:
-        facts = None
-    if facts is None:
-        # Something is wrong (or unusual): the exact walk finds the first problem in order.
-        ctx.restore(saved)
-        _SchemaWalk(ctx, value, path).run()
-    elif ctx.facts is not None:
-        ctx.facts[id(value)] = (value, facts)
-
-
-# ---- grammars ----------------------------------------------------------------------------------
-
-
-def _check_grammar(ctx: _Ctx, text: Any, path: _Path, *, gbnf_only: bool) -> None:
-    limits = ctx.limits
-    if not isinstance(text, str):
-        _invalid("guided_grammar_invalid", "a grammar must be a string", path)
-    if len(text) > limits.max_grammar_chars:
-        _limit(
-            "guided_grammar_too_large",
-            f"grammar longer than {limits.max_grammar_chars} characters",
-            path,
-        )
-    try:
-        scan_gbnf(
-            text,
-            max_depth=limits.max_grammar_depth,
-            max_rules=limits.max_grammar_rules,
-            max_repeat=limits.max_grammar_repeat,
-            max_repeat_total=limits.max_grammar_repeat_total,
-        )
-        if not gbnf_only:
-            scan_nesting(text, max_depth=limits.max_grammar_depth)
-        else:  # llama.cpp's own reading: what its parser refuses crashes llama-cpp-python
-            parse_gbnf(
-                text,
-                GbnfLimits.of(limits, limits.max_grammar_depth),
-            )
-    except RegexRejected as e:
-        if e.code == "guided_grammar_invalid":
-            _invalid(e.code, e.message, path)
-        _limit(e.code, e.message, path)
-
-
-def _check_llama_cpp_schemas(ctx: _Ctx, body: Mapping[str, Any]) -> None:
-    """The grammars llama-cpp-python would make of the request's schemas (after the schema
-    limits, so the converter only sees bounded schemas)."""
-    if not ctx.limits.llama_cpp_schemas:
-        return
-    for schema, path in llama_cpp_schemas(body):
-        problem = schema_grammar_problem(schema, ctx.limits)
-        if problem is None:
-            continue
-        message = f"the grammar llama-cpp-python makes of this schema: {problem.message}"
-        if problem.code == "guided_grammar_invalid":
-            _invalid("guided_schema_grammar_invalid", message, path)
-        _limit("guided_schema_grammar_too_large", message, path)
-
-
-# ---- choices and structural tags ---------------------------------------------------------------
-
-
-def _check_choice(ctx: _Ctx, choices: Any, path: _Path) -> None:
-    limits = ctx.limits
-    if not _is_list(choices):
-        _invalid("guided_choice_invalid", "choices must be a list of strings", path)
-    if len(choices) > limits.max_choices:
-        _limit("guided_choice_too_large", f"more than {limits.max_choices} choices", path)
-    total = 0
-    for i, choice in enumerate(choices):
-        if not isinstance(choice, str):
-            _invalid("guided_choice_invalid", "choices must be strings", (*path, i))
-        total += len(choice)
-        if total > limits.max_choice_chars:
-            _limit(
-                "guided_choice_too_large",
-                f"choices exceed {limits.max_choice_chars} characters in total",
-                (*path, i),
-            )
-
-
-_TAG_SCHEMA_KEYS = frozenset({"schema", "json_schema", "parameters"})
-_TAG_REGEX_KEYS = frozenset({"pattern", "regex"})
-_TAG_GRAMMAR_KEYS = frozenset({"grammar", "ebnf", "lark"})
-
-
-def _check_structural_tag(ctx: _Ctx, value: Any, path: _Path) -> None:
-    """vLLM/xgrammar structural tags nest schemas, regexes and grammars in a free-form tree:
-    walk it (iteratively, under the schema caps) and check every constraint found."""
-    if value is None:
-        return
-    if isinstance(value, str):
-        value = _parse_json_text(ctx, value, path)
-    stack: list[tuple[Any, _Path, int]] = [(value, path, 1)]
-    while stack:
-        node, at, depth = stack.pop()
-        if ctx.nodes_over(1):
-            ctx.too_many_nodes(at)
-        if depth > ctx.limits.max_schema_depth:
-            _limit(
-                "guided_schema_too_deep",
-                f"structural tag nested deeper than {ctx.limits.max_schema_depth} levels",
-                at,
-            )
-        if (isinstance(node, Mapping) or _is_list(node)) and (
-            ctx.schema_nodes + len(stack) + len(node) > ctx.limits.max_schema_nodes
-        ):
-            ctx.too_many_nodes(at)
-        if isinstance(node, Mapping):
-            for key, child in node.items():
-                if not isinstance(key, str):
-                    continue
-                child_at = (*at, key)
-                if key in _TAG_SCHEMA_KEYS and isinstance(child, Mapping | bool):
-                    _check_schema(ctx, child, child_at)
-                elif key in _TAG_REGEX_KEYS and isinstance(child, str):
-                    _check_regex(ctx, child, child_at)
-                elif key in _TAG_GRAMMAR_KEYS and isinstance(child, str):
-                    _check_grammar(ctx, child, child_at, gbnf_only=False)
-                elif isinstance(child, Mapping) or _is_list(child):
-                    stack.append((child, child_at, depth + 1))
-        elif _is_list(node):
-            for i, child in enumerate(node):
-                if isinstance(child, Mapping) or _is_list(child):
-                    stack.append((child, (*at, i), depth + 1))
-
-
-# ---- the request -------------------------------------------------------------------------------
-
-
-def _get(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, Mapping) else None
-
-
-def check_guided_decoding(
-    body: Mapping[str, Any], limits: GuidedLimits, facts: Memo | None = None
-) -> None:
-    """Refuse unsafe guided-decoding constraints in an OpenAI / vLLM / SGLang / llama.cpp / TGI
-    request body; return None when every constraint is within ``limits``.
-
-    Raises :class:`~guard.errors.LimitExceeded` (``*_too_long``, ``*_too_large``,
-    ``*_too_deep``, ``*_unsafe``) or :class:`~guard.errors.GuardError` (``*_invalid``).
-    Constraints are checked in a fixed order (choices, grammars, regexes, schemas, tools,
-    structural tags), so a body crossing several limits always gets the same refusal.
-    ``facts``, when given, receives the :class:`~guard.guided.schema._facts.SchemaFacts` of
-    the schemas walked (by ``id``).
-    """
-    ctx = _Ctx(limits, facts)
-    so = _get(body, "structured_outputs")
-    for value, path in (
-        (body.get("guided_choice"), ("guided_choice",)),
-        (_get(so, "choice"), ("structured_outputs", "choice")),
-    ):
-        if value is not None:
-            _check_choice(ctx, value, path)
-    _check_grammars(ctx, body, so)
-    for value, path in (
-        (body.get("guided_regex"), ("guided_regex",)),
-        (_get(so, "regex"), ("structured_outputs", "regex")),
-        (body.get("regex"), ("regex",)),
-        (body.get("guided_whitespace_pattern"), ("guided_whitespace_pattern",)),
-        (_get(so, "whitespace_pattern"), ("structured_outputs", "whitespace_pattern")),
-    ):
-        if value is not None:
-            _check_regex(ctx, value, path)
-    _check_schemas(ctx, body, so)
-    for field in ("tools", "functions"):
-        entries = body.get(field)
-        if isinstance(entries, list | tuple):
-            _check_tools(ctx, entries, field)
-    _check_structural_tag(ctx, body.get("structural_tag"), ("structural_tag",))
-    _check_structural_tag(ctx, _get(so, "structural_tag"), ("structured_outputs", "structural_tag"))
-    _check_llama_cpp_schemas(ctx, body)
-
-
-def _check_grammars(ctx: _Ctx, body: Mapping[str, Any], so: Any) -> None:
-    grammar = body.get("grammar")
-    if isinstance(grammar, Mapping):  # TGI: {"type": "json" | "regex", "value": ...}
-        kind = grammar.get("type")
-        if kind == "regex":
-            _check_regex(ctx, grammar.get("value"), ("grammar", "value"))
-        elif grammar.get("value") is not None:
-            _check_schema(ctx, grammar.get("value"), ("grammar", "value"))
-    elif grammar is not None:
-        _check_grammar(ctx, grammar, ("grammar",), gbnf_only=True)
-    for value, path in (
-        (body.get("guided_grammar"), ("guided_grammar",)),
-        (_get(so, "grammar"), ("structured_outputs", "grammar")),
-        (body.get("ebnf"), ("ebnf",)),
-    ):
-        if value is not None:
-            _check_grammar(ctx, value, path, gbnf_only=False)
-
-
-def _check_schemas(ctx: _Ctx, body: Mapping[str, Any], so: Any) -> None:
-    response_format = body.get("response_format")
-    if isinstance(response_format, Mapping):
-        json_schema = response_format.get("json_schema")
-        if isinstance(json_schema, Mapping):
-            _check_schema(
-                ctx, json_schema.get("schema"), ("response_format", "json_schema", "schema")
-            )
-        _check_schema(ctx, response_format.get("schema"), ("response_format", "schema"))
-        _check_schema(ctx, response_format.get("value"), ("response_format", "value"))
-        if response_format.get("type") == "structural_tag":
-            _check_structural_tag(
-                ctx,
-                {k: v for k, v in response_format.items() if k != "type"},
-                ("response_format",),
-            )
-    _check_schema(ctx, body.get("guided_json"), ("guided_json",))
-    _check_schema(ctx, _get(so, "json"), ("structured_outputs", "json"))
-    _check_schema(ctx, body.get("json_schema"), ("json_schema",))
-    text_format = _get(_get(body, "text"), "format")
-    if isinstance(text_format, Mapping):
-        _check_schema(ctx, text_format.get("schema"), ("text", "format", "schema"))
-
-
-def _check_tools(ctx: _Ctx, entries: list[Any] | tuple[Any, ...], field: str) -> None:
-    """Function parameters (schemas) and custom tools' formats (regex or grammar)."""
-    for i, tool in enumerate(entries):
-        if not isinstance(tool, Mapping):
-            continue
-        function = tool.get("function")
-        if isinstance(function, Mapping):
-            _check_schema(ctx, function.get("parameters"), (field, i, "function", "parameters"))
-        _check_schema(ctx, tool.get("parameters"), (field, i, "parameters"))
-        fmt = tool.get("format")
-        if isinstance(fmt, Mapping) and fmt.get("type") == "grammar":
-            definition = fmt.get("definition")
-            at: _Path = (field, i, "format", "definition")
-            if fmt.get("syntax") == "regex":
-                _check_regex(ctx, definition, at)
-            else:
-                _check_grammar(ctx, definition, at, gbnf_only=False)
+def exact_schema_walk(ctx: RequestBudget, root: Mapping[str, Any], path: ParamPath) -> None:
+    """The schema check in document order: refuses at the first problem, with its path."""
+    _SchemaWalk(ctx, root, path).run()
