@@ -3,7 +3,8 @@
 Nothing outside the CLI layer, the benches and the tests imports this package. The pieces:
 :mod:`fuzz.targets` (what is fuzzed, with its budgets), :mod:`fuzz.oracle` (runs inputs under
 those budgets in a limited worker process), the engines (:mod:`fuzz.engines`, each called with
-one :class:`EngineRun`), minimisation and findings (:mod:`fuzz.minimize`, :mod:`fuzz.findings`),
+one :class:`EngineRun`), minimisation and findings (:mod:`fuzz.minimize`, :mod:`fuzz.findings`:
+one model for both kinds of target, in-process and live),
 campaigns and reports (:mod:`fuzz.campaign`, :mod:`fuzz.report`), and campaigns against live
 servers, black-box or differential against a guard (:mod:`fuzz.live`).
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     )
     from fuzz.findings import Finding, FindingSet
     from fuzz.live import LiveOptions, run_live_campaign
+    from fuzz.minimize import MinimiseStats, ddmin, shrink_json
     from fuzz.oracle import Oracle, Outcome
     from fuzz.report import CampaignReport, write_reports
     from fuzz.targets import (
@@ -79,6 +81,7 @@ __all__ = [
     "FuzzTarget",
     "InvariantViolation",
     "LiveOptions",
+    "MinimiseStats",
     "Oracle",
     "Outcome",
     "Progress",
@@ -90,12 +93,14 @@ __all__ = [
     "TargetUnreachable",
     "WorkerError",
     "available_engines",
+    "ddmin",
     "get_engine",
     "get_target",
     "replay_file",
     "replay_paths",
     "run_campaign",
     "run_live_campaign",
+    "shrink_json",
     "write_reports",
 ]
 
@@ -113,12 +118,14 @@ _LAZY: dict[str, str] = {
             "Progress",
             "RunOptions",
             "available_engines",
+            "ddmin",
             "get_engine",
         ),
         "fuzz.engines",
     ),
     **dict.fromkeys(("Finding", "FindingSet"), "fuzz.findings"),
     **dict.fromkeys(("LiveOptions", "run_live_campaign"), "fuzz.live"),
+    **dict.fromkeys(("MinimiseStats", "ddmin", "shrink_json"), "fuzz.minimize"),
     **dict.fromkeys(("Oracle", "Outcome"), "fuzz.oracle"),
     **dict.fromkeys(("CampaignReport", "write_reports"), "fuzz.report"),
     **dict.fromkeys(

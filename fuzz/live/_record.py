@@ -8,7 +8,7 @@
    again: other load on the machine is not a finding; with concurrent workers, a crash or hang too
    (every request in flight when the server died failed: the finding is the one that kills
    it again alone);
-3. minimises it with :func:`fuzz.live._shrink.shrink_json` against the live server (bounded in
+3. minimises it with :func:`fuzz.minimize.shrink_json` against the live server (bounded in
    tests and time), the predicate being "the same finding again": the same cause, or for an
    under-count an excess of at least half the original (so the minimised request keeps the
    text that is not counted, not just the template's fixed overhead). A request that kills
@@ -42,8 +42,7 @@ from fuzz.findings import Finding, FindingSet, cause_of, safe_target_name
 from fuzz.live._oracle import LiveOracle, Measured
 from fuzz.live._request import LiveRequest
 from fuzz.live._shapes import CHAT
-from fuzz.live._shrink import ShrinkStats, shrink_json
-from fuzz.minimize import MinimiseStats, ddmin
+from fuzz.minimize import MinimiseStats, ddmin, shrink_json
 from fuzz.targets._base import Cost
 
 __all__ = [
@@ -442,7 +441,7 @@ class LiveRecorder:
         run = self._predicate(measured, max(1, need))
         last: dict[str, Measured] = {}
         if isinstance(req.body, dict):
-            stats = ShrinkStats()
+            stats = MinimiseStats()
 
             def still(doc: Any) -> bool:
                 cand = req.with_body(doc)

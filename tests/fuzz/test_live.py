@@ -40,11 +40,11 @@ from fuzz.live import (
     require_loopback,
     run_live_campaign,
     shape_signature,
-    shrink_json,
 )
 from fuzz.live._campaign import Gate
 from fuzz.live._oracle import judge
 from fuzz.live._shapes import Context, duplicate, grow_string
+from fuzz.minimize import shrink_json
 from fuzz.targets import Cost
 from guard.isolation import run_limited
 from payloads import load_payload
