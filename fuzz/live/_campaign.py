@@ -47,7 +47,7 @@ from fuzz.live._http import (
 from fuzz.live._monitor import Health, RssMonitor
 from fuzz.live._mutator import CorpusScheduler, RequestMutator
 from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured
-from fuzz.live._record import LiveRecorder
+from fuzz.live._recorder import LiveRecorder
 from fuzz.live._request import LiveRequest, load_seeds
 from fuzz.live._target import LiveTarget
 from fuzz.oracle import Oracle
@@ -393,7 +393,7 @@ class _Live:
             return
         at = run.elapsed()
         assert self.recorder is not None
-        found = self.recorder.consider(req, measured, at)
+        found = self.recorder.record(req, measured, at)
         self.scheduler.ban(req)
         if found is not None:
             run.add(found, at=at)
