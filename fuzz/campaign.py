@@ -18,8 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fuzz.engines import ENGINE_NAMES, EngineUnavailable, get_engine
-from fuzz.engines._run import EngineResult, EngineRun, Progress, RunOptions
+from fuzz.engines import (
+    ENGINE_NAMES,
+    EngineResult,
+    EngineRun,
+    EngineUnavailable,
+    Progress,
+    RunOptions,
+    get_engine,
+)
 from fuzz.findings import FindingSet, cause_of, known_causes
 from fuzz.oracle import Oracle, Outcome
 from fuzz.report import CampaignReport, write_reports

@@ -35,7 +35,7 @@ import psutil
 
 from fuzz._exceptions import TargetUnreachable
 from fuzz.campaign import ProgressLine, default_minimise_s
-from fuzz.engines._run import EngineRun, RunOptions
+from fuzz.engines import EngineRun, RunOptions
 from fuzz.findings import FindingSet, known_causes
 from fuzz.live._http import (
     HttpClient,
@@ -52,7 +52,7 @@ from fuzz.live._request import LiveRequest, load_seeds
 from fuzz.live._target import LiveTarget
 from fuzz.oracle import Oracle
 from fuzz.report import CampaignReport, write_reports
-from fuzz.targets._base import TargetKind
+from fuzz.targets import TargetKind
 
 __all__ = ["Gate", "LiveOptions", "find_listener", "is_url", "run_live_campaign"]
 
