@@ -31,13 +31,7 @@ from fuzz._exceptions import (
 )
 
 if TYPE_CHECKING:
-    from fuzz.campaign import (
-        CampaignOptions,
-        ReplayResult,
-        replay_file,
-        replay_paths,
-        run_campaign,
-    )
+    from fuzz.campaign import CampaignOptions, run_campaign
     from fuzz.engines import (
         ENGINE_NAMES,
         EngineResult,
@@ -51,6 +45,7 @@ if TYPE_CHECKING:
     from fuzz.live import LiveOptions, run_live_campaign
     from fuzz.minimize import MinimiseStats, ddmin, shrink_json
     from fuzz.oracle import Oracle, Outcome
+    from fuzz.replay import ReplayResult, replay_file, replay_paths
     from fuzz.report import CampaignReport, write_reports
     from fuzz.targets import (
         FAILS_CI,
@@ -106,10 +101,8 @@ __all__ = [
 
 # name -> the module that defines it (imported by __getattr__ when the name is first used).
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(
-        ("CampaignOptions", "ReplayResult", "replay_file", "replay_paths", "run_campaign"),
-        "fuzz.campaign",
-    ),
+    **dict.fromkeys(("CampaignOptions", "run_campaign"), "fuzz.campaign"),
+    **dict.fromkeys(("ReplayResult", "replay_file", "replay_paths"), "fuzz.replay"),
     **dict.fromkeys(
         (
             "ENGINE_NAMES",

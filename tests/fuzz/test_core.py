@@ -142,7 +142,7 @@ def test_record_minimises_dedups_and_saves(tmp_path: Path) -> None:
 
 
 def test_record_saves_a_payload_that_replays(tmp_path: Path) -> None:
-    from fuzz.campaign import replay_paths
+    from fuzz.replay import replay_paths
     from payloads import load_payload
 
     target = get_target("placeholder-hardened")
