@@ -1,4 +1,4 @@
-"""The fuzz core: oracle verdicts (in the worker and in process), restarts, ddmin, dedup."""
+"""The fuzz core: oracle verdicts (in the worker and in process), restarts, dedup."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from fuzz._worker import ExecStatus, RawResult
 from fuzz.findings import FindingSet, cause_of, record
-from fuzz.minimize import MinimiseStats, ddmin
 from fuzz.oracle import Oracle, classify
 from fuzz.targets import REGISTRY, Budgets, Cost, get_target
 
@@ -106,20 +105,6 @@ def test_classify_precedence_and_cost_per_byte() -> None:
     assert out.verdict == "cost_per_byte" and cause_of(out) == "cost_per_byte"
     assert classify(raw, b, 1000).verdict == "ok"  # the same over 1000 bytes is fine
     assert Cost(time_s=0.001, steps=1000).scalar() == pytest.approx(2.0)
-
-
-def test_ddmin_finds_a_one_minimal_input() -> None:
-    data = b"xxxxaxxxxxxbxxxxxxxxxxcxxxx" * 3
-
-    def fails(d: bytes) -> bool:
-        return b"a" in d and b"b" in d and b"c" in d
-
-    stats = MinimiseStats()
-    small = ddmin(data, fails, stats=stats)
-    assert sorted(small) == sorted(b"abc") and stats.complete
-    # Bounded: it stops at max_tests and still returns an input that fails.
-    cut = ddmin(data, fails, max_tests=3)
-    assert fails(cut) and len(cut) <= len(data)
 
 
 def test_record_minimises_dedups_and_saves(tmp_path: Path) -> None:
