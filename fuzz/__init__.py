@@ -1,12 +1,23 @@
 """Fuzzing schedguard's targets for resource exhaustion: targets, a resource oracle, engines.
 
-Nothing outside the CLI layer, the benches and the tests imports this package. The pieces:
-:mod:`fuzz.targets` (what is fuzzed, with its budgets), :mod:`fuzz.oracle` (runs inputs under
-those budgets in a limited worker process), the engines (:mod:`fuzz.engines`, each called with
-one :class:`EngineRun`), minimisation and findings (:mod:`fuzz.minimize`, :mod:`fuzz.findings`:
-one model for both kinds of target, in-process and live),
-campaigns and reports (:mod:`fuzz.campaign`, :mod:`fuzz.report`), and campaigns against live
-servers, black-box or differential against a guard (:mod:`fuzz.live`).
+Nothing outside the CLI layer, the benches and the tests imports this package. One vocabulary
+for two kinds of target, an in-process one or a live server (:mod:`fuzz.live`):
+
+- target: :mod:`fuzz.targets` (a ``FuzzTarget``), or :class:`fuzz.live.LiveTarget`;
+- oracle (runs an input, judges it): :class:`fuzz.oracle.Oracle` (a limited worker process),
+  or :class:`fuzz.live.LiveOracle` (HTTP, a guard's dry run first in a differential campaign);
+- campaign: :func:`fuzz.campaign.run_campaign`, or :func:`fuzz.live.run_live_campaign`;
+- recording a finding (confirm, minimise, save): :func:`fuzz.findings.record`, or
+  :class:`fuzz.live.LiveRecorder` (against the server, bringing it back after a crash);
+- replay of saved payload files: :func:`fuzz.replay.replay_paths`, or
+  :func:`fuzz.live.replay_live`;
+
+and one model of what they share: a verdict and its cost (:class:`Outcome`, :class:`Cost`,
+:class:`Budgets`), the run context every engine and campaign reports through
+(:class:`EngineRun`), findings deduplicated by cause and saved as payload files
+(:mod:`fuzz.findings`), the minimisers (:mod:`fuzz.minimize`: bytes and JSON bodies) and the
+reports (:mod:`fuzz.report`). The engines (:mod:`fuzz.engines`) search in-process targets; a
+live campaign is its own engine (``live`` or ``differential``).
 
 The public API is what this module exports. Apart from the exceptions, the names are imported
 on first use: the atheris harness imports this package before it instruments the targets, so
