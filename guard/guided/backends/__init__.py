@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from guard.guided.backends._cost import (
     Estimate,
-    clear_caches,
     guidance_cost,
     outlines_cost,
     trie_size,
@@ -28,7 +27,6 @@ __all__ = [
     "Estimate",
     "check_backend_costs",
     "check_constraint",
-    "clear_caches",
     "constraints",
     "fmt_path",
     "guidance_cost",

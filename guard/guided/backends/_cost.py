@@ -50,7 +50,6 @@ from guard.guided.schema import Memo, count_of, facts_of, resolve_ref
 
 __all__ = [
     "Estimate",
-    "clear_caches",
     "guidance_cost",
     "outlines_cost",
     "trie_size",
@@ -758,13 +757,3 @@ def guidance_cost(kind: str, spec: Any, vocab: int, facts: Memo | None = None) -
                 est.compile_s += _G_COUNT * count
                 est.mask_s = max(est.mask_s, min(0.2, 1.2e-6 * count))
     return est
-
-
-def clear_caches() -> None:
-    """Forget every cached per-pattern result (benchmarks measure cold checks)."""
-    from guard.guided.regex import guidance_rejects_regex, xgrammar_rejects_regex
-
-    _shape_of.cache_clear()
-    _xgr_terms_of.cache_clear()
-    xgrammar_rejects_regex.cache_clear()
-    guidance_rejects_regex.cache_clear()
