@@ -93,6 +93,7 @@ def check_schema(view: RequestView, policy: Policy) -> CheckResult | None:
             )
     if view.endpoint == "chat":
         fields.named_tool_choice(body)
+        fields.named_function_call(body)
     if view.endpoint in ("chat", "completions"):
         fields.token_mask_combination(body)
     n, best_of = body.get("n"), body.get("best_of")
