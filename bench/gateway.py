@@ -768,6 +768,7 @@ def rss(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> dic
     elapsed = 0.0
     non_2xx = 0
     rate = None
+    idle = 0  # rounds in a row that completed no request (a starved machine, or a dead guard)
     try:
         while total < args.rss_requests:
             remaining = args.rss_requests - total
@@ -776,7 +777,10 @@ def rss(servers: Servers, wrk: Wrk, work: Path, args: argparse.Namespace) -> dic
             total += row["requests"]
             non_2xx += row["non_2xx"]
             elapsed += row["duration_us"] / 1e6
-            rate = total / elapsed if elapsed else None
+            idle = 0 if row["requests"] else idle + 1
+            if idle >= 5:
+                raise SystemExit(f"rss: the guard completed no request in {idle} rounds")
+            rate = total / elapsed if total and elapsed else None
             log(f"rss: {total} requests, RSS {sampler.current_bytes() / 2**20:.0f} MB")
     finally:
         peak = sampler.stop()
