@@ -39,16 +39,14 @@ from guard.admission import (
     make_rate_limiter,
 )
 from guard.answer import Answer, RelayArgs
-from guard.checks import lax_bool
 from guard.errors import GuardError
 from guard.exchange import Admission, Exchange, Opened, check_outcomes
 from guard.http import Upstream, decode_body, head_refusals, inspect_head
 from guard.pipeline import Verdict, check_body
-from guard.policy import ANONYMOUS_TENANT, Policy
-from guard.request_view import (
-    KEPT_HEADERS,
+from guard.policy import Policy
+from guard.request import ANONYMOUS_TENANT, KEPT_HEADERS, lax_bool, normalise_headers
+from guard.routing import (
     method_of,
-    normalise_headers,
     resolve_key,
     route_not_allowed,
     route_of,

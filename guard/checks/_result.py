@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from guard.checks._policy import PolicyView
 from guard.errors import GuardError
-from guard.policy._models import Policy
-from guard.request_view import RequestView
+from guard.request import RequestView
 
 __all__ = ["PASS", "CheckFn", "CheckResult", "Mutation", "apply_mutations", "pure_check"]
 
@@ -59,15 +59,15 @@ class CheckResult:
 
 PASS = CheckResult()
 
-CheckFn = Callable[[RequestView, Policy], CheckResult]
+CheckFn = Callable[[RequestView, PolicyView], CheckResult]
 
 
-def pure_check(fn: Callable[[RequestView, Policy], CheckResult | None]) -> CheckFn:
+def pure_check(fn: Callable[[RequestView, PolicyView], CheckResult | None]) -> CheckFn:
     """Write a check as code that raises :class:`GuardError` and returns costs when it passes;
     callers get a :class:`CheckResult` either way (``None`` is a plain pass)."""
 
     @functools.wraps(fn)
-    def run(view: RequestView, policy: Policy) -> CheckResult:
+    def run(view: RequestView, policy: PolicyView) -> CheckResult:
         try:
             result = fn(view, policy)
         except GuardError as exc:

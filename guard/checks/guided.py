@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, pure_check
 from guard.guided import GuidedLimits, check_structured_outputs
-from guard.policy._models import Policy
-from guard.request_view import RequestView
+from guard.request import RequestView
 
 __all__ = ["check_guided"]
 
@@ -67,7 +67,7 @@ _FIELDS = _fields_read()
 
 
 @pure_check
-def check_guided(view: RequestView, policy: Policy) -> CheckResult | None:
+def check_guided(view: RequestView, policy: PolicyView) -> CheckResult | None:
     body = view.obj
     if body is None:
         return None

@@ -5,7 +5,7 @@ pooled upstream client, SSE relay and client-disconnect hooks.
 from __future__ import annotations
 
 from guard.errors import ClientDisconnected, UpstreamError
-from guard.http._client import UpstreamConfig
+from guard.http._client import UpstreamConfig, UpstreamKind
 from guard.http._connections import (
     ConnectionLimits,
     raise_nofile_limit,
@@ -57,6 +57,7 @@ __all__ = [
     "Upstream",
     "UpstreamConfig",
     "UpstreamError",
+    "UpstreamKind",
     "UpstreamResponse",
     "check_declared_body",
     "configure",
