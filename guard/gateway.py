@@ -53,6 +53,7 @@ from guard.routing import (
     upstream_target,
 )
 from guard.telemetry import (
+    SYNC_INTERVAL_S,
     AccessLog,
     GuardMetrics,
     RequestFields,
@@ -60,7 +61,6 @@ from guard.telemetry import (
     Tracing,
     make_tracing,
 )
-from guard.telemetry._multiprocess import SYNC_INTERVAL_S
 from guard.tokens import TokenCounter, get_counter
 
 __all__ = ["Forward", "Gateway", "build_gateway", "forward_body", "reservable"]
@@ -460,7 +460,7 @@ def build_gateway(
 
 async def _sync_metrics(metrics: GuardMetrics) -> None:
     """Copy this worker's series for the others' scrapes, every
-    :data:`~guard.telemetry._multiprocess.SYNC_INTERVAL_S`."""
+    :data:`~guard.telemetry.SYNC_INTERVAL_S`."""
     while True:
         await asyncio.sleep(SYNC_INTERVAL_S)
         metrics.sync()

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from guard.checks._result import Mutation
+from guard.checks._tokens_limits import TokensLimits
 from guard.errors import LimitExceeded
+from guard.http import UpstreamKind
 from guard.request import INJECT_FIELD, Endpoint, lax_int, output_fields, requested_output
-
-if TYPE_CHECKING:
-    from guard.checks.tokens import TokensLimits
-    from guard.http import UpstreamKind
 
 __all__ = ["OutputCap", "clamped_to_window", "effective_output", "output_cap", "window_remainder"]
 

@@ -1,58 +1,30 @@
-"""What a check reads of the policy: its limit sets, and the upstream's kind in force.
+"""What a check reads of the policy: the limit sets it names, and the upstream's kind in force.
 
-The checks are typed against these protocols, not against :class:`guard.policy.Policy`, so that
-the policy can compose the checks' limit sets (each declared beside its check) without an import
-loop; ``Policy`` satisfies them structurally, and mypy checks it wherever a policy is passed to a
-check.
+Each check declares the sections it reads as a protocol beside itself (``FanoutReads``: the
+``fanout`` and ``tokens`` limit sets) and takes a ``PolicyView`` of them, not a
+:class:`guard.policy.Policy`: so the policy can compose the checks' limit sets (each declared
+beside its check) without an import loop. The registry (:mod:`guard.checks._registry`) joins
+the checks' reads into one view, which ``Policy`` satisfies structurally: mypy checks it where
+the pipeline passes a policy to the checks.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from guard.checks.fanout import FanoutLimits
-    from guard.checks.multimodal import MultimodalLimits
-    from guard.checks.schema import SchemaLimits
-    from guard.checks.templates import TemplatesLimits
-    from guard.checks.tokens import TokensLimits
-    from guard.guided import GuidedLimits
     from guard.http import UpstreamKind
-    from guard.json import JsonLimits
 
-__all__ = ["LimitsView", "PolicyView"]
+__all__ = ["PolicyView"]
+
+Sections = TypeVar("Sections", covariant=True)
 
 
-class LimitsView(Protocol):
-    """The limit sets the checks read (the policy's ``limits``)."""
-
-    @property
-    def json_(self) -> JsonLimits: ...
+class PolicyView(Protocol[Sections]):
+    """A policy whose ``limits`` has the sections ``Sections`` names."""
 
     @property
-    def schema_(self) -> SchemaLimits: ...
-
-    @property
-    def templates(self) -> TemplatesLimits: ...
-
-    @property
-    def tokens(self) -> TokensLimits: ...
-
-    @property
-    def fanout(self) -> FanoutLimits: ...
-
-    @property
-    def guided(self) -> GuidedLimits: ...
-
-    @property
-    def multimodal(self) -> MultimodalLimits: ...
-
-
-class PolicyView(Protocol):
-    """What a check reads of a policy."""
-
-    @property
-    def limits(self) -> LimitsView: ...
+    def limits(self) -> Sections: ...
 
     @property
     def upstream_kind(self) -> UpstreamKind: ...

@@ -18,7 +18,7 @@ Codes (all 400): ``n_exceeded``, ``best_of_exceeded``, ``logprobs_exceeded``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import Field
 
@@ -26,10 +26,11 @@ from guard._limits import LimitsModel, NonNegInt, PosInt
 from guard.checks._output import effective_output
 from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, pure_check
+from guard.checks._tokens_limits import TokensLimits
 from guard.errors import LimitExceeded
 from guard.request import SCORE_SIDES, Endpoint, RequestView, lax_int, prompt_items, score_pairs
 
-__all__ = ["FanoutLimits", "check_fanout"]
+__all__ = ["FanoutLimits", "FanoutReads", "check_fanout"]
 
 
 class FanoutLimits(LimitsModel):
@@ -156,8 +157,18 @@ def _count(items: Any) -> int:
     return len(items) if isinstance(items, list | dict) else 0
 
 
+class FanoutReads(Protocol):
+    """The limit sets the fan-out check reads."""
+
+    @property
+    def fanout(self) -> FanoutLimits: ...
+
+    @property
+    def tokens(self) -> TokensLimits: ...
+
+
 @pure_check
-def check_fanout(view: RequestView, policy: PolicyView) -> CheckResult | None:
+def check_fanout(view: RequestView, policy: PolicyView[FanoutReads]) -> CheckResult | None:
     body = view.obj
     if body is None:
         return None
@@ -239,7 +250,9 @@ def _check_pairs(body: dict[str, Any], view: RequestView, max_pairs: int) -> Non
             )
 
 
-def _check_min_tokens(body: dict[str, Any], view: RequestView, policy: PolicyView) -> None:
+def _check_min_tokens(
+    body: dict[str, Any], view: RequestView, policy: PolicyView[FanoutReads]
+) -> None:
     """``min_tokens`` against the output cap (the request's, else the policy's)."""
     min_tokens = lax_int(body.get("min_tokens"))
     if min_tokens is None or min_tokens <= 0:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import Field
 
@@ -56,7 +56,7 @@ from guard.request import (
     media_payload,
 )
 
-__all__ = ["MEDIA_TYPES", "MultimodalLimits", "check_multimodal"]
+__all__ = ["MEDIA_TYPES", "MultimodalLimits", "MultimodalReads", "check_multimodal"]
 
 
 class MultimodalLimits(LimitsModel):
@@ -163,8 +163,15 @@ class _Request:
     pixels: int = 0
 
 
+class MultimodalReads(Protocol):
+    """The limit sets the multimodal check reads."""
+
+    @property
+    def multimodal(self) -> MultimodalLimits: ...
+
+
 @pure_check
-def check_multimodal(view: RequestView, policy: PolicyView) -> CheckResult | None:
+def check_multimodal(view: RequestView, policy: PolicyView[MultimodalReads]) -> CheckResult | None:
     body = view.obj
     if body is None:
         return None

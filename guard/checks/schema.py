@@ -19,7 +19,7 @@ models reject (it answers those with a 500) is refused too: ``unsupported_by_ups
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import Field
 
@@ -32,7 +32,7 @@ from guard.checks._result import CheckResult, pure_check
 from guard.errors import GuardError
 from guard.request import Endpoint, RequestView
 
-__all__ = ["DENIED_FIELDS", "SchemaLimits", "check_schema"]
+__all__ = ["DENIED_FIELDS", "SchemaLimits", "SchemaReads", "check_schema"]
 
 
 # The default `limits.schema.denied_fields` (reasons in its description).
@@ -103,8 +103,15 @@ def _shown(name: str) -> str:
     return name if len(name) <= 64 else name[:64] + "..."
 
 
+class SchemaReads(Protocol):
+    """The limit sets the schema check reads."""
+
+    @property
+    def schema_(self) -> SchemaLimits: ...
+
+
 @pure_check
-def check_schema(view: RequestView, policy: PolicyView) -> CheckResult | None:
+def check_schema(view: RequestView, policy: PolicyView[SchemaReads]) -> CheckResult | None:
     body = view.body
     if body is None and view.method in ("GET", "HEAD", "DELETE"):
         return None

@@ -18,7 +18,7 @@ Codes: ``template_depth_exceeded``, ``template_unbalanced``, ``template_expansio
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
@@ -27,6 +27,7 @@ from guard._limits import LIMITS_CONFIG, LimitsModel, PosFloat, PosInt
 from guard.budget import Budget, Limits
 from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, pure_check
+from guard.checks._tokens_limits import TokensLimits
 from guard.errors import GuardError, LimitExceeded, TemplateError
 from guard.jinja import (
     CODE_INVALID,
@@ -44,7 +45,7 @@ from guard.request import RequestView
 from guard.template_scan import check_template
 from guard.tokens import get_counter
 
-__all__ = ["RequestTemplateLimits", "TemplatesLimits", "check_templates"]
+__all__ = ["RequestTemplateLimits", "TemplatesLimits", "TemplatesReads", "check_templates"]
 
 
 @dataclass(frozen=True, config=LIMITS_CONFIG)
@@ -149,8 +150,18 @@ def _shown(name: str) -> str:
     return name if len(name) <= 64 else name[:64] + "..."
 
 
+class TemplatesReads(Protocol):
+    """The limit sets the templates check reads."""
+
+    @property
+    def templates(self) -> TemplatesLimits: ...
+
+    @property
+    def tokens(self) -> TokensLimits: ...
+
+
 @pure_check
-def check_templates(view: RequestView, policy: PolicyView) -> CheckResult | None:
+def check_templates(view: RequestView, policy: PolicyView[TemplatesReads]) -> CheckResult | None:
     body = view.obj
     if body is None:
         return None
@@ -214,7 +225,9 @@ def _check_prompt_template(
     costs["template_expansions"] = bound.expansions
 
 
-def _check_chat_template(body: dict[str, Any], policy: PolicyView, costs: dict[str, int]) -> None:
+def _check_chat_template(
+    body: dict[str, Any], policy: PolicyView[TemplatesReads], costs: dict[str, int]
+) -> None:
     limits = policy.limits.templates
     template = body.get("chat_template")
     kwargs = body.get("chat_template_kwargs")
@@ -252,7 +265,7 @@ def _check_chat_template(body: dict[str, Any], policy: PolicyView, costs: dict[s
 _CONTENT_KWARGS = frozenset({"documents"})
 
 
-def _check_kwargs(kwargs: dict[str, Any], policy: PolicyView) -> None:
+def _check_kwargs(kwargs: dict[str, Any], policy: PolicyView[TemplatesReads]) -> None:
     """Each key accepted (the allowlist, or a variable the upstream's template reads; never a
     reserved name) and the values' size within the cap."""
     limits = policy.limits.templates
@@ -291,7 +304,7 @@ def _check_kwargs(kwargs: dict[str, Any], policy: PolicyView) -> None:
             )
 
 
-def _template_reads(policy: PolicyView) -> frozenset[str]:
+def _template_reads(policy: PolicyView[TemplatesReads]) -> frozenset[str]:
     """The variables the upstream's chat template reads (none when it is not known, or when
     the policy does not take kwargs from it)."""
     limits = policy.limits.templates
@@ -320,7 +333,7 @@ def _validate_chat_template(
     source: Any,
     body: dict[str, Any],
     kwargs: dict[str, Any],
-    policy: PolicyView,
+    policy: PolicyView[TemplatesReads],
     costs: dict[str, int],
 ) -> None:
     if not isinstance(source, str):

@@ -24,6 +24,7 @@ from guard.http._framing import (
     usable_request_id,
 )
 from guard.http._protocol import (
+    GuardHttpToolsProtocol,
     configure,
     head_refusals,
     protocol_with,
@@ -52,6 +53,7 @@ __all__ = [
     "ConnectionLimits",
     "DisconnectHook",
     "FramingLimits",
+    "GuardHttpToolsProtocol",
     "RequestHead",
     "SseRelay",
     "Upstream",
