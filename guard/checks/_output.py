@@ -18,7 +18,14 @@ from guard.checks._result import Mutation
 from guard.checks._tokens_limits import TokensLimits
 from guard.errors import LimitExceeded
 from guard.http import UpstreamKind
-from guard.request import INJECT_FIELD, Endpoint, lax_int, output_fields, requested_output
+from guard.request import (
+    INJECT_FIELD,
+    Endpoint,
+    lax_int,
+    output_fields,
+    requested_output,
+    sequences_per_prompt,
+)
 
 __all__ = ["OutputCap", "clamped_to_window", "effective_output", "output_cap", "window_remainder"]
 
@@ -28,11 +35,13 @@ class OutputCap:
     """The output cap of each sequence: ``tokens`` set by the request (or injected), or, when
     ``implicit``, none: the upstream generates to the end of the window (``tokens`` is then
     the least it needs beside the prompt, 1). ``to_window``: fields over the window-derived
-    cap, clamped once the prompt is counted to what the window leaves beside it."""
+    cap, clamped once the prompt is counted to what the window leaves beside it.
+    ``per_prompt``: the sequences generated per prompt (``max(n, best_of)``)."""
 
     tokens: int
     implicit: bool = False
     to_window: tuple[str, ...] = ()
+    per_prompt: int = 1
 
 
 def output_cap(
@@ -42,8 +51,8 @@ def output_cap(
     kind: UpstreamKind,
     mutations: list[Mutation],
 ) -> OutputCap | None:
-    """The output cap per sequence after clamping or injection; None when nothing is
-    generated."""
+    """The output cap per sequence after clamping or injection, and the sequences per prompt;
+    None when nothing is generated."""
     cap = tokens.output_limit
     to_window: list[str] = []
     for name in output_fields(endpoint):
@@ -68,8 +77,9 @@ def output_cap(
         raise LimitExceeded("max_tokens_exceeded", f"{name} is {shown}; {limit}", param=name)
     requested = requested_output(body, endpoint)
     inject = INJECT_FIELD.get(endpoint)
+    per_prompt = sequences_per_prompt(body)
     if to_window:
-        return OutputCap(1, to_window=tuple(to_window))
+        return OutputCap(1, to_window=tuple(to_window), per_prompt=per_prompt)
     if requested is not None:
         value = requested[1]
         output = value if cap is None else (min(value, cap) if value > 0 else cap)
@@ -78,13 +88,13 @@ def output_cap(
             # max_new_tokens): llama-cpp-python reads max_tokens alone, and without it
             # generates to the end of its context. vLLM reads max_completion_tokens itself.
             mutations.append(Mutation((inject,), output, "max_tokens_missing"))
-        return OutputCap(output)
+        return OutputCap(output, per_prompt=per_prompt)
     if inject is None:
         return None
     if tokens.default_max_tokens is not None:
         mutations.append(Mutation((inject,), tokens.default_max_tokens, "default_max_tokens"))
-        return OutputCap(tokens.default_max_tokens)
-    return OutputCap(1, implicit=True)
+        return OutputCap(tokens.default_max_tokens, per_prompt=per_prompt)
+    return OutputCap(1, implicit=True, per_prompt=per_prompt)
 
 
 def effective_output(
@@ -111,7 +121,7 @@ def clamped_to_window(
     """The fields over the window clamped to what it leaves beside the longest prompt."""
     left = max(1, context_length - max(per_unit, default=0))
     mutations.extend(Mutation((name,), left, "max_output_tokens") for name in output.to_window)
-    return OutputCap(left)
+    return OutputCap(left, per_prompt=output.per_prompt)
 
 
 def window_remainder(

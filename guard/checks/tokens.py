@@ -36,7 +36,7 @@ from guard.checks._tokens_limits import TokensLimits
 from guard.checks.templates import TemplatesLimits
 from guard.json import JsonLimits
 from guard.prompt import Counting, Flavour, PromptCounting, PromptLimits, count_prompt
-from guard.request import RequestView, sequences_per_prompt
+from guard.request import RequestView
 from guard.tokens import get_counter
 
 __all__ = ["OUTPUT_OVERSHOOT", "TokensReads", "check_tokens", "prompt_counting", "render_flavours"]
@@ -91,11 +91,12 @@ def check_tokens(view: RequestView, policy: PolicyView[TokensReads]) -> CheckRes
     sequences = 0
     reserved = 0
     if output is not None:
-        per_prompt = sequences_per_prompt(body)
         prompts = len(prompt.per_unit) if view.endpoint in ("completions", "other") else 1
-        sequences = per_prompt * max(1, prompts)
+        sequences = output.per_prompt * max(1, prompts)
         if output.implicit:
-            reserved = window_remainder(prompt.per_unit, prompts, per_prompt, tokens.context_length)
+            reserved = window_remainder(
+                prompt.per_unit, prompts, output.per_prompt, tokens.context_length
+            )
         else:
             overshoot = OUTPUT_OVERSHOOT if kind == "llama_cpp" else 0
             reserved = (output.tokens + overshoot) * sequences
