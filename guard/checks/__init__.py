@@ -11,7 +11,7 @@ a policy's ``checks`` list uses to the functions; :mod:`guard.pipeline` runs the
 """
 
 from guard.checks._policy import PolicyView
-from guard.checks._registry import CHECK_NAMES, CHECKS, CheckFn, CheckLimits
+from guard.checks._registry import CHECK_NAMES, CHECKS, CheckFn, CheckLimits, CheckSections
 from guard.checks._result import PASS, CheckResult, Mutation, apply_mutations
 from guard.checks._tokens_limits import DEFAULT_CONTEXT_LENGTH, TokensLimits
 from guard.checks.fanout import FanoutLimits, check_fanout
@@ -29,6 +29,7 @@ __all__ = [
     "CheckFn",
     "CheckLimits",
     "CheckResult",
+    "CheckSections",
     "FanoutLimits",
     "MultimodalLimits",
     "Mutation",

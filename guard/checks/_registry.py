@@ -1,4 +1,11 @@
-"""The checks by the names a policy's ``checks`` lists, and what they read of a policy together."""
+"""The checks, registered once: by the names a policy's ``checks`` lists (:data:`CHECKS`), with
+their limit sets as the policy's sections (:class:`CheckSections`), and what they read of a
+policy together (:class:`CheckLimits`).
+
+A new check is registered here and nowhere else: its function in ``CHECKS``, its limit set as a
+field of ``CheckSections`` (the policy's ``limits`` inherits them: ``limits.<name>`` in YAML,
+``SCHEDGUARD_LIMITS__<NAME>__...``, docs/POLICY.md), its reads among ``CheckLimits``' bases.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +13,46 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Protocol
 
+from pydantic import ConfigDict, Field
+
+from guard._limits import LimitsModel
 from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult
-from guard.checks.fanout import FanoutReads, check_fanout
+from guard.checks._tokens_limits import TokensLimits
+from guard.checks.fanout import FanoutLimits, FanoutReads, check_fanout
 from guard.checks.guided import GuidedReads, check_guided
-from guard.checks.multimodal import MultimodalReads, check_multimodal
-from guard.checks.schema import SchemaReads, check_schema
-from guard.checks.templates import TemplatesReads, check_templates
+from guard.checks.multimodal import MultimodalLimits, MultimodalReads, check_multimodal
+from guard.checks.schema import SchemaLimits, SchemaReads, check_schema
+from guard.checks.templates import TemplatesLimits, TemplatesReads, check_templates
 from guard.checks.tokens import TokensReads, check_tokens
+from guard.guided import GuidedLimits
 from guard.request import RequestView
 
-__all__ = ["CHECKS", "CHECK_NAMES", "CheckFn", "CheckLimits"]
+__all__ = ["CHECKS", "CHECK_NAMES", "CheckFn", "CheckLimits", "CheckSections"]
+
+
+class CheckSections(LimitsModel):
+    """The checks' limit sets, as sections of the policy's ``limits`` (in the order
+    docs/POLICY.md shows them)."""
+
+    schema_: SchemaLimits = Field(
+        default_factory=lambda: SchemaLimits(), alias="schema", description="Request field types."
+    )
+    templates: TemplatesLimits = Field(
+        default_factory=lambda: TemplatesLimits(), description="Prompt and chat templates."
+    )
+    tokens: TokensLimits = Field(default_factory=lambda: TokensLimits(), description="Token caps.")
+    fanout: FanoutLimits = Field(
+        default_factory=lambda: FanoutLimits(), description="Fan-out caps."
+    )
+    guided: GuidedLimits = Field(
+        default_factory=lambda: GuidedLimits(), description="Guided-decoding constraints."
+    )
+    multimodal: MultimodalLimits = Field(
+        default_factory=lambda: MultimodalLimits(), description="Media parts."
+    )
+
+    model_config = ConfigDict(populate_by_name=True)
 
 
 class CheckLimits(

@@ -32,15 +32,7 @@ from pydantic.fields import FieldInfo
 
 from guard._limits import LIMITS_CONFIG, LimitsModel, NonNegInt, PosFloat, PosInt
 from guard.admission import ConcurrencyLimits, RateLimits
-from guard.checks import (
-    CHECK_NAMES,
-    FanoutLimits,
-    MultimodalLimits,
-    SchemaLimits,
-    TemplatesLimits,
-    TokensLimits,
-)
-from guard.guided import GuidedLimits
+from guard.checks import CHECK_NAMES, CheckSections
 from guard.http import ConnectionLimits, FramingLimits, UpstreamConfig, UpstreamKind
 from guard.json import JsonLimits
 from guard.presets import PresetName, apply_preset, preset_summary
@@ -61,7 +53,9 @@ class Section(LimitsModel):
 # -- limits -----------------------------------------------------------------------------------
 
 
-class LimitsPolicy(Section):
+class _TransportSections(Section):
+    """The limit sets of the request's transport: connections, framing, the JSON body."""
+
     connections: ConnectionLimits = Field(
         default_factory=lambda: ConnectionLimits(),
         description="Client connections: head and keep-alive timeouts, open-connection caps.",
@@ -72,24 +66,13 @@ class LimitsPolicy(Section):
     json_: JsonLimits = Field(
         default_factory=lambda: JsonLimits(), alias="json", description="Bounded JSON parsing."
     )
-    schema_: SchemaLimits = Field(
-        default_factory=lambda: SchemaLimits(), alias="schema", description="Request field types."
-    )
-    templates: TemplatesLimits = Field(
-        default_factory=lambda: TemplatesLimits(), description="Prompt and chat templates."
-    )
-    tokens: TokensLimits = Field(default_factory=lambda: TokensLimits(), description="Token caps.")
-    fanout: FanoutLimits = Field(
-        default_factory=lambda: FanoutLimits(), description="Fan-out caps."
-    )
-    guided: GuidedLimits = Field(
-        default_factory=lambda: GuidedLimits(), description="Guided-decoding constraints."
-    )
-    multimodal: MultimodalLimits = Field(
-        default_factory=lambda: MultimodalLimits(), description="Media parts."
-    )
 
     model_config = ConfigDict(populate_by_name=True)
+
+
+class LimitsPolicy(CheckSections, _TransportSections):
+    """The policy's ``limits``: the transport's limit sets, then the checks' (declared with the
+    checks, :class:`guard.checks.CheckSections`)."""
 
 
 # -- rate and keys ----------------------------------------------------------------------------
