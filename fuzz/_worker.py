@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from fuzz._exceptions import SoftTimeout
 
 if TYPE_CHECKING:
-    from fuzz.targets._base import FuzzTarget
+    from fuzz.targets import FuzzTarget
 
 __all__ = [
     "ExecStatus",

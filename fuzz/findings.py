@@ -5,11 +5,15 @@ and innermost frame, or the resource that ran out (time: a timeout or the wall b
 the ``RLIMIT_AS`` cap or the memory budget; steps; output tokens; cost per byte); for live
 servers (:mod:`fuzz.live`) also a 5xx (status and message), an under-count (the request shape
 the guard does not count) and a false positive (the guard's code and the benign payload).
-:func:`record` keeps the first input per cause, minimises it with :func:`fuzz.minimize.ddmin`
-(the predicate: the oracle still reports the same cause), measures it again and, given a corpus
-root, saves it with :func:`payloads.writer.save_found` under ``<root>/found/<target>/``, with the
-cost before and after minimisation. A cause that already has a payload file there is not saved
-twice.
+
+One model for both kinds of target: a :class:`Finding` per cause in a campaign's
+:class:`FindingSet`, a measured crossing confirmed by a second run (:data:`MEASURED_VERDICTS`),
+minimised (:mod:`fuzz.minimize`) with "the oracle still reports the same cause" as the
+predicate, and saved as a payload file with the cost before and after minimisation
+(:func:`save_finding`; a cause that already has a file is not saved twice). :func:`record` is
+that path for an in-process target (its oracle, :func:`fuzz.minimize.ddmin` over its bytes);
+a live server's recorder (:class:`fuzz.live.LiveRecorder`) takes it against the server, with
+what only a server needs (bringing it back after a crash, naming an under-count by its shape).
 """
 
 from __future__ import annotations
@@ -27,17 +31,21 @@ if TYPE_CHECKING:
     from fuzz.targets import Cost, FuzzTarget
 
 __all__ = [
+    "MEASURED_VERDICTS",
     "Finding",
     "FindingSet",
     "cause_of",
     "known_causes",
+    "payload_cost",
     "record",
     "safe_target_name",
+    "save_finding",
 ]
 
 
-# Verdicts that come from a measurement near a threshold (re-run once before they count).
-_MEASURED = frozenset({"budget", "cost_per_byte"})
+MEASURED_VERDICTS = frozenset({"budget", "cost_per_byte"})
+"""Verdicts that come from a measurement near a threshold: a finding only once it reproduces
+(a GC pause or a busy machine is not a finding)."""
 # Oracle runs ddmin may spend on one finding (besides its deadline).
 _MAX_TESTS = 2000
 
@@ -183,7 +191,7 @@ def record(
     cause = cause_of(outcome)
     if seen.has(cause):
         return None
-    if outcome.verdict in _MEASURED:
+    if outcome.verdict in MEASURED_VERDICTS:
         # A measured crossing (not a crash, kill or cap) must reproduce: a GC pause or a busy
         # machine is not a finding.
         again = oracle.run(data)
@@ -228,12 +236,6 @@ def record(
 
 
 def _save(finding: Finding, target: FuzzTarget, seen: FindingSet, root: Path) -> None:
-    from payloads import save_found
-
-    existing = seen.known.get(finding.cause)
-    if existing is not None:
-        finding.path, finding.known = existing, True
-        return
     to_body = getattr(target, "payload_body", None)
     body, endpoint = to_body(finding.data) if to_body is not None else (finding.data, "/")
     out = finding.outcome
@@ -243,27 +245,65 @@ def _save(finding: Finding, target: FuzzTarget, seen: FindingSet, root: Path) ->
     )
     if out.error_message:
         description += f" {out.error_message[:200]}"
-    payload = save_found(
-        target=safe_target_name(target.name),
+    save_finding(
+        finding,
+        seen,
+        root,
         class_=str(getattr(target, "class_", "volume")),
         body=body,
         endpoint=endpoint,
         target_field=str(getattr(target, "target_field", "body")),
         description=description,
-        engine=finding.engine,
-        cause=finding.cause,
-        cost_before=_payload_cost(finding.cost_before, len(finding.original)),
-        cost_after=_payload_cost(finding.cost_after, finding.size_bytes),
-        seed=finding.seed,
-        minimised=finding.minimised,
-        root=root,
     )
+
+
+def save_finding(
+    finding: Finding,
+    seen: FindingSet,
+    root: Path,
+    *,
+    class_: str,
+    body: bytes,
+    endpoint: str,
+    target_field: str,
+    description: str,
+) -> None:
+    """Save ``finding`` as a payload file under the corpus root ``root`` and set its ``path``
+    (both kinds of target): an attack under ``<root>/found/<target>/``
+    (:func:`payloads.save_found`), a false positive, a benign request the guard refuses, under
+    ``<root>/benign/`` (:func:`payloads.save_benign_found`), so that a corpus that adopts it
+    tests that the guard lets it through. A cause that has a file already is not saved again:
+    ``path`` is that file and ``known`` is set. Raises what the writer raises."""
+    from payloads import save_benign_found, save_found
+
+    existing = seen.known.get(finding.cause)
+    if existing is not None:
+        finding.path, finding.known = existing, True
+        return
+    common: dict[str, Any] = {
+        "target": safe_target_name(finding.target),
+        "body": body,
+        "endpoint": endpoint,
+        "target_field": target_field,
+        "description": description,
+        "engine": finding.engine,
+        "cause": finding.cause,
+        "cost_before": payload_cost(finding.cost_before, len(finding.original)),
+        "cost_after": payload_cost(finding.cost_after, finding.size_bytes),
+        "seed": finding.seed,
+        "minimised": finding.minimised,
+        "root": root,
+    }
+    if finding.outcome.verdict == "false_positive":
+        payload = save_benign_found(**common)
+    else:
+        payload = save_found(class_=class_, **common)
     finding.path = str(payload.path)
     seen.known[finding.cause] = finding.path
 
 
-def _payload_cost(cost: Cost, size: int) -> dict[str, float]:
-    # The corpus format's cost metrics (payloads.loader.COST_METRICS).
+def payload_cost(cost: Cost, size: int) -> dict[str, float]:
+    """A cost as the corpus format records it (:data:`payloads.loader.COST_METRICS`)."""
     from payloads.loader import COST_METRICS
 
     d = cost.to_dict()

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from fuzz._exceptions import WorkerError
 from fuzz._worker import ExecStatus, MemProbe, RawResult, execute_one, freeze_heap, on_timer
-from fuzz.targets._base import Budgets, Cost
+from fuzz.targets import Budgets, Cost
 
 __all__ = ["FINDING_VERDICTS", "Oracle", "OracleVerdict", "Outcome", "classify"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz.engines._run import EngineResult
+from fuzz.engines import EngineResult
 from fuzz.findings import Finding
 
 __all__ = [

@@ -20,7 +20,7 @@ from payloads.loader import (
     load_payload,
     parse_payload,
 )
-from payloads.writer import finding_id, save_found
+from payloads.writer import finding_id, save_benign_found, save_found
 
 __all__ = [
     "BENIGN",
@@ -38,5 +38,6 @@ __all__ = [
     "load_corpus",
     "load_payload",
     "parse_payload",
+    "save_benign_found",
     "save_found",
 ]

@@ -7,8 +7,7 @@ import os
 import signal
 import time
 
-from fuzz.targets import Budgets, Cost
-from fuzz.targets._common import TargetBase
+from fuzz.targets import Budgets, Cost, TargetBase
 from guard.errors import GuardError
 
 _MIB = 1 << 20

@@ -9,8 +9,8 @@ resident memory of the server's processes or its Prometheus metrics, health, 5xx
 request is first judged by the guard's dry run, what it admits is sent to the upstream
 directly, and what costs the upstream more than the guard accounted is a finding; so is a
 benign payload the guard refuses that the upstream serves cheaply. Findings are confirmed,
-minimised on the JSON structure against the server (:mod:`fuzz.live._shrink`,
-:mod:`fuzz.live._record`) and saved as payload files; the reports and exit status are those of
+minimised on the JSON structure against the server (:func:`fuzz.minimize.shrink_json`,
+:mod:`fuzz.live._recorder`) and saved as payload files; the reports and exit status are those of
 every campaign (:mod:`fuzz.report`). Loopback only unless told otherwise, at a bounded request
 rate (:mod:`fuzz.live._http`).
 """
@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from fuzz._exceptions import RemoteTargetRefused, TargetUnreachable
 from fuzz.live._campaign import LiveOptions, find_listener, is_url, run_live_campaign
+from fuzz.live._fields import payload_class, shape_signature
 from fuzz.live._http import HttpClient, Reply, RequestPacer, discover_model, require_loopback
 from fuzz.live._monitor import Health, RssMonitor, parse_prometheus_rss
 from fuzz.live._mutator import CorpusScheduler, RequestMutator
 from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured, error_signature, extract_usage
-from fuzz.live._record import LiveRecorder, payload_class, shape_signature
+from fuzz.live._recorder import LiveRecorder
 from fuzz.live._replay import LiveReplay, replay_live
 from fuzz.live._request import BUILTIN_SEEDS, LiveRequest, load_seeds
 from fuzz.live._shapes import OPERATORS, nest_grammar
-from fuzz.live._shrink import shrink_json
 from fuzz.live._target import LiveTarget, live_target_name
 
 __all__ = [
@@ -64,5 +64,4 @@ __all__ = [
     "require_loopback",
     "run_live_campaign",
     "shape_signature",
-    "shrink_json",
 ]

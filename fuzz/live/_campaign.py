@@ -35,7 +35,7 @@ import psutil
 
 from fuzz._exceptions import TargetUnreachable
 from fuzz.campaign import ProgressLine, default_minimise_s
-from fuzz.engines._run import EngineRun, RunOptions
+from fuzz.engines import EngineRun, RunOptions
 from fuzz.findings import FindingSet, known_causes
 from fuzz.live._http import (
     HttpClient,
@@ -47,12 +47,12 @@ from fuzz.live._http import (
 from fuzz.live._monitor import Health, RssMonitor
 from fuzz.live._mutator import CorpusScheduler, RequestMutator
 from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured
-from fuzz.live._record import LiveRecorder
+from fuzz.live._recorder import LiveRecorder
 from fuzz.live._request import LiveRequest, load_seeds
 from fuzz.live._target import LiveTarget
 from fuzz.oracle import Oracle
 from fuzz.report import CampaignReport, write_reports
-from fuzz.targets._base import TargetKind
+from fuzz.targets import TargetKind
 
 __all__ = ["Gate", "LiveOptions", "find_listener", "is_url", "run_live_campaign"]
 
@@ -393,7 +393,7 @@ class _Live:
             return
         at = run.elapsed()
         assert self.recorder is not None
-        found = self.recorder.consider(req, measured, at)
+        found = self.recorder.record(req, measured, at)
         self.scheduler.ban(req)
         if found is not None:
             run.add(found, at=at)

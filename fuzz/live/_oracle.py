@@ -33,7 +33,7 @@ from fuzz.live._http import HttpClient, Reply
 from fuzz.live._monitor import Health, RssMonitor
 from fuzz.live._request import LiveRequest
 from fuzz.oracle import Outcome
-from fuzz.targets._base import Cost
+from fuzz.targets import Cost
 
 __all__ = [
     "CHECK_PATH",

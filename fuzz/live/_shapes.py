@@ -909,7 +909,7 @@ def prompt_form(body: dict[str, Any], ctx: Context) -> bool:
 
 def generic_json(body: dict[str, Any], ctx: Context) -> bool:
     """One edit of the in-process guard targets' structure-aware JSON mutator."""
-    from fuzz.targets._mutate import json_mutate
+    from fuzz.targets import json_mutate
     from fuzz.targets.gateway import FIELDS
 
     raw = json.dumps(body, ensure_ascii=False).encode("utf-8")

@@ -16,7 +16,7 @@ from fuzz.live._mutator import RequestMutator
 from fuzz.live._oracle import LiveBudgets, LiveOracle
 from fuzz.live._request import LiveRequest
 from fuzz.live._shapes import CHAT
-from fuzz.targets._base import Budgets, Cost, TargetKind
+from fuzz.targets import Budgets, Cost, TargetKind
 
 __all__ = ["LiveTarget", "live_target_name"]
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 
 from fuzz.targets._base import Budgets, Cost, FuzzTarget, TargetKind
+from fuzz.targets._common import TargetBase
+from fuzz.targets._mutate import json_mutate
 from fuzz.targets.gateway import GuardApp, GuardPipeline
 from fuzz.targets.scheduler import SchedulerState
 from fuzz.targets.templates import (
@@ -25,8 +27,10 @@ __all__ = [
     "Budgets",
     "Cost",
     "FuzzTarget",
+    "TargetBase",
     "TargetKind",
     "get_target",
+    "json_mutate",
 ]
 
 REGISTRY: dict[str, FuzzTarget] = {

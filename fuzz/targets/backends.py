@@ -144,7 +144,7 @@ class _BackendTarget(TargetBase):
     class_ = "guided_decoding"
     target_field = "structured_outputs"
     max_size = 2048
-    source = "guard/guided/_backend_cost.py"
+    source = "guard/guided/backends/_cost.py"
     # 1 s of CPU and 256 MiB at the calibration vocabulary (issue 16's budget); ``steps`` is the
     # process CPU milliseconds of the compile (a backend's own threads included).
     budgets = Budgets(wall_s=1.0, mem_bytes=256 * _MIB, steps=1000)

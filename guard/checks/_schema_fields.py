@@ -303,14 +303,14 @@ def named_tool_choice(body: dict[str, Any]) -> None:
     tool, ``"function": null``) is a KeyError or TypeError: a 500. Refused here, in vLLM's
     order (tools after the named one are not read there)."""
     choice = body.get("tool_choice")
-    tools = body.get("tools")
-    if not isinstance(choice, dict) or not isinstance(tools, list):
+    if not isinstance(choice, dict):
         return
     function = choice.get("function")
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name:
         return  # vLLM refuses these itself (400)
-    for i, tool in enumerate(tools):
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or "name" not in fn:
             raise _value_error(
@@ -320,6 +320,27 @@ def named_tool_choice(body: dict[str, Any]) -> None:
             )
         if fn["name"] == name:
             return
+    # A name no tool has: OpenAI and vLLM answer 400, llama-cpp-python a 500 ("Tool choice
+    # '...' not found in tools").
+    raise _value_error(
+        ("tool_choice", "function", "name"), f"names {name[:64]!r}, which no tool in tools has"
+    )
+
+
+def named_function_call(body: dict[str, Any]) -> None:
+    """The legacy ``function_call`` naming a function: it must be one of ``functions``
+    (llama-cpp-python looks it up there and answers 500 when it is not)."""
+    call = body.get("function_call")
+    name = call.get("name") if isinstance(call, dict) else None
+    if not isinstance(name, str) or not name:
+        return
+    functions = body.get("functions")
+    for fn in functions if isinstance(functions, list) else ():
+        if isinstance(fn, dict) and fn.get("name") == name:
+            return
+    raise _value_error(
+        ("function_call", "name"), f"names {name[:64]!r}, which no function in functions has"
+    )
 
 
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")

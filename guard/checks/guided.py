@@ -8,7 +8,7 @@ holding none of them gets exactly the delegate's answer on an empty body, a pass
 call. If the delegate ever reads the body other than by key (iterating it, say), nothing is
 learnt and every body goes through it.
 
-Codes: ``guided_*`` (see :mod:`guard.guided._check` and :mod:`guard.guided._backends`).
+Codes: ``guided_*`` (see :mod:`guard.guided`: its regex, schema, grammar and backends checks).
 """
 
 from __future__ import annotations

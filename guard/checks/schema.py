@@ -152,6 +152,7 @@ def check_schema(view: RequestView, policy: PolicyView[SchemaReads]) -> CheckRes
             )
     if view.endpoint == "chat":
         fields.named_tool_choice(body)
+        fields.named_function_call(body)
     if view.endpoint in ("chat", "completions"):
         fields.token_mask_combination(body)
     n, best_of = body.get("n"), body.get("best_of")

@@ -1,5 +1,19 @@
-"""Guided-decoding checks: regexes (RE2 under a memory cap, ambiguous nested repetition), JSON
-schemas and grammars, each bounded before an upstream compiles them.
+"""Guided-decoding checks: the regexes, JSON schemas, grammars and choice lists of a request,
+each bounded before an upstream compiles them.
+
+The face is :func:`check_structured_outputs` (everything, :mod:`._structured`), the constraints'
+own size and shape alone (:func:`check_guided_decoding`, :mod:`._check`: where constraints sit
+in a request, against one budget per request, :mod:`._budget`) and the policy section
+(:class:`GuidedLimits`, :mod:`._limits`). By concern, each subpackage with its own face:
+
+- :mod:`.regex`: the structural scan, RE2, the regex AST the cost models price, the syntax the
+  backends refuse;
+- :mod:`.schema`: the schema walk, the facts the backend checks read, nested bounds, ``$ref``;
+- :mod:`.grammar`: grammar scans, llama.cpp's GBNF parser mirrored, the grammars
+  llama-cpp-python makes of schemas;
+- :mod:`.backends`: which structured-output backend a request reaches on vLLM, and what
+  compiling it costs there;
+- :mod:`._vendor`: third-party code kept byte for byte (llama-cpp-python's schema converter).
 """
 
 from __future__ import annotations

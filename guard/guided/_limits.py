@@ -94,7 +94,7 @@ class GuidedLimits:
     max_grammar_repeat_total: PosInt = Field(
         default=10_000, description="Largest sum of `{m,n}` counts in one grammar."
     )
-    # llama.cpp's GBNF parser (guard/guided/_gbnf.py): a grammar it refuses crashes
+    # llama.cpp's GBNF parser (guard/guided/grammar/_gbnf.py): a grammar it refuses crashes
     # llama-cpp-python, so the `grammar` field is read as llama.cpp reads it.
     max_grammar_elements: PosInt = Field(
         default=262_144,

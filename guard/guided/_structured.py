@@ -5,9 +5,9 @@ constraints' own size and shape), then what only the backends' view adds:
   ``tools[].custom.format.grammar.{definition,syntax}``, checked as the Responses API's
   ``tools[].format`` is (regex or grammar, same caps and codes);
 - nested size bounds of every schema multiplied along each path
-  (:mod:`guard.guided._schema_bounds`, ``guided_schema_too_large``);
+  (:mod:`guard.guided.schema._bounds`, ``guided_schema_too_large``);
 - each constraint's estimated cost on every structured-output backend that may compile it
-  (:mod:`guard.guided._backends`, ``guided_backend_cost_exceeded``).
+  (:mod:`guard.guided.backends._routing`, ``guided_backend_cost_exceeded``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from guard.errors import GuardError, LimitExceeded
-from guard.guided._backends import check_constraint, constraints, fmt_path
 from guard.guided._check import check_guided_decoding
 from guard.guided._limits import GuidedLimits
-from guard.guided._schema_bounds import largest_bound_product
-from guard.guided._schema_facts import Memo, facts_of
+from guard.guided.backends import check_constraint, constraints, fmt_path
+from guard.guided.schema import Memo, facts_of, largest_bound_product
 
 __all__ = ["check_structured_outputs"]
 

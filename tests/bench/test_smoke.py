@@ -187,3 +187,17 @@ def test_seed_bench_reports_its_parts(runs: _Runs) -> None:
         assert all(rate in row for row in tp[part]["rows"])
         assert {"input", "mb_s"} <= tp["worst"][part].keys()
     assert doc["vulnerable"] is None  # only with --vulnerable
+
+
+def test_guided_check_times_a_revision_beside_this_tree() -> None:
+    """``--against REV``: the same bodies through REV's guard package and this tree's, each
+    timed in its own child process; benign bodies, so ``ok`` in both."""
+    argv = [sys.executable, str(BENCH / "guided_check.py"), "--against", "HEAD", "--rounds", "1",
+            "--repeat", "1", "--sizes", "1", "--shapes", "properties,regex", "--json"]  # fmt: skip
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["against"] == "HEAD" and [r["shape"] for r in doc["rows"]] == ["properties", "regex"]
+    for row in doc["rows"]:
+        assert row["verdict"] == row["verdict_against"] == "ok"
+        assert row["us"] > 0 and row["us_against"] > 0 and row["ratio"] is not None

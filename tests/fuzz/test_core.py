@@ -1,4 +1,4 @@
-"""The fuzz core: oracle verdicts (in the worker and in process), restarts, ddmin, dedup."""
+"""The fuzz core: oracle verdicts (in the worker and in process), restarts, dedup."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from fuzz._worker import ExecStatus, RawResult
 from fuzz.findings import FindingSet, cause_of, record
-from fuzz.minimize import MinimiseStats, ddmin
 from fuzz.oracle import Oracle, classify
 from fuzz.targets import REGISTRY, Budgets, Cost, get_target
 
@@ -108,20 +107,6 @@ def test_classify_precedence_and_cost_per_byte() -> None:
     assert Cost(time_s=0.001, steps=1000).scalar() == pytest.approx(2.0)
 
 
-def test_ddmin_finds_a_one_minimal_input() -> None:
-    data = b"xxxxaxxxxxxbxxxxxxxxxxcxxxx" * 3
-
-    def fails(d: bytes) -> bool:
-        return b"a" in d and b"b" in d and b"c" in d
-
-    stats = MinimiseStats()
-    small = ddmin(data, fails, stats=stats)
-    assert sorted(small) == sorted(b"abc") and stats.complete
-    # Bounded: it stops at max_tests and still returns an input that fails.
-    cut = ddmin(data, fails, max_tests=3)
-    assert fails(cut) and len(cut) <= len(data)
-
-
 def test_record_minimises_dedups_and_saves(tmp_path: Path) -> None:
     target = get_target("tests._fuzz_targets:Squares")
     seen = FindingSet()
@@ -142,7 +127,7 @@ def test_record_minimises_dedups_and_saves(tmp_path: Path) -> None:
 
 
 def test_record_saves_a_payload_that_replays(tmp_path: Path) -> None:
-    from fuzz.campaign import replay_paths
+    from fuzz.replay import replay_paths
     from payloads import load_payload
 
     target = get_target("placeholder-hardened")

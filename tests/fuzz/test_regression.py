@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.campaign import replay_file
 from fuzz.oracle import Oracle
+from fuzz.replay import replay_file
 from payloads import DEFAULT_ROOT
 
 FILES = sorted(DEFAULT_ROOT.rglob("*.yaml"))

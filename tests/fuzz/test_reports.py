@@ -138,7 +138,11 @@ def test_cli_list_shows_the_backend_targets(
 def test_cli_run_writes_reports_and_gates(tmp_path: Path) -> None:
     out = tmp_path / "ok"
     args = ["fuzz", "run", "--engine", "search", "--duration", "1.5", "--seed", "1", "--quiet"]
-    assert main([*args, "--target", "guard-pipeline", "--out", str(out), "--no-save"]) == 0
+    # The guard pipeline by a count of executions: warming it up takes seconds of the duration
+    # on a busy machine (the duration is then only the outer bound).
+    runs = ["--runs", "300", "--duration", "60"]
+    ok = main([*args, *runs, "--target", "guard-pipeline", "--out", str(out), "--no-save"])
+    assert ok == 0
     doc = json.loads((out / "report.json").read_text())
     assert doc["target"] == "guard-pipeline" and doc["execs"] > 100 and doc["findings"] == []
     for name in ("junit.xml", "report.sarif", "summary.md", "best_cost.svg"):

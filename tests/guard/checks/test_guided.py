@@ -1,4 +1,4 @@
-"""guard.checks.guided: delegates to guard.guided._check with the policy's limits."""
+"""guard.checks.guided: delegates to guard.guided with the policy's limits."""
 
 from __future__ import annotations
 

@@ -217,3 +217,22 @@ def test_booleans_are_read_as_vllms_pydantic_reads_them() -> None:
     for value in (2, "maybe", 0.5, [], {}):
         err = rejection({"model": "m", "messages": MSG, "stream": value})
         assert (err.code, err.param) == ("invalid_type", "stream")
+
+
+def test_a_named_tool_choice_must_name_a_tool() -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert passes({"model": "m", "messages": MSG, "tools": [tool], "tool_choice": named})
+    # A name no tool has (llama-cpp-python: a 500), or no tools at all.
+    other = {"type": "function", "function": {"name": "get_time"}}
+    err = rejection({"model": "m", "messages": MSG, "tools": [tool], "tool_choice": other})
+    assert (err.code, err.param) == ("invalid_value", "tool_choice.function.name")
+    err = rejection({"model": "m", "messages": MSG, "tool_choice": named})
+    assert err.param == "tool_choice.function.name"
+    # The legacy pair the same way.
+    fn = {"name": "get_weather", "parameters": {}}
+    body = {"model": "m", "messages": MSG, "functions": [fn]}
+    assert passes({**body, "function_call": {"name": "get_weather"}})
+    assert passes({**body, "function_call": "auto"})
+    err = rejection({**body, "function_call": {"name": "nope"}})
+    assert err.param == "function_call.name"

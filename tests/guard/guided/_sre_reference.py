@@ -1,6 +1,6 @@
 """The regex reading the backend cost models were calibrated with: Python's ``re._parser``
-turned into :class:`~guard.guided._regex_ast.Node` trees (the implementation before issue 16's
-speed work). ``guard.guided._regex_ast.parse_regex`` reads patterns with a parser of its own;
+turned into :class:`~guard.guided.regex._ast.Node` trees (the implementation before issue 16's
+speed work). ``guard.guided.regex._ast.parse_regex`` reads patterns with a parser of its own;
 the tests compare its trees with these, node by node.
 """
 
@@ -12,15 +12,15 @@ import re._parser as _P  # type: ignore[import-not-found,unused-ignore]
 import warnings
 from typing import Any
 
-from guard.guided._regex_ast import _ALL_NA as _ALL_NA
-from guard.guided._regex_ast import _CATEGORY as _CATEGORY
-from guard.guided._regex_ast import _DIGIT as _DIGIT
-from guard.guided._regex_ast import _DOT as _DOT
-from guard.guided._regex_ast import _SOME_NA as _SOME_NA
-from guard.guided._regex_ast import _SPACE_A as _SPACE_A
-from guard.guided._regex_ast import _WORD_A as _WORD_A
-from guard.guided._regex_ast import _WORD_CATEGORY as _WORD_CATEGORY
-from guard.guided._regex_ast import (
+from guard.guided.regex._ast import _ALL_NA as _ALL_NA
+from guard.guided.regex._ast import _CATEGORY as _CATEGORY
+from guard.guided.regex._ast import _DIGIT as _DIGIT
+from guard.guided.regex._ast import _DOT as _DOT
+from guard.guided.regex._ast import _SOME_NA as _SOME_NA
+from guard.guided.regex._ast import _SPACE_A as _SPACE_A
+from guard.guided.regex._ast import _WORD_A as _WORD_A
+from guard.guided.regex._ast import _WORD_CATEGORY as _WORD_CATEGORY
+from guard.guided.regex._ast import (
     ALT,
     ANY_CS,
     CAT,
@@ -31,11 +31,11 @@ from guard.guided._regex_ast import (
     Unpriceable,
     rust_reads_differently,
 )
-from guard.guided._regex_ast import ASCII_MASK as ASCII_MASK
-from guard.guided._regex_ast import _fold as _fold
-from guard.guided._regex_ast import _invert as _invert
-from guard.guided._regex_ast import _rng as _rng
-from guard.guided._regex_ast import _same as _same
+from guard.guided.regex._ast import ASCII_MASK as ASCII_MASK
+from guard.guided.regex._ast import _fold as _fold
+from guard.guided.regex._ast import _invert as _invert
+from guard.guided.regex._ast import _rng as _rng
+from guard.guided.regex._ast import _same as _same
 
 C: Any = _C
 P: Any = _P

@@ -14,15 +14,17 @@ import pytest
 from fuzz.targets.backends_corpus import BENIGN, EXPENSIVE, ROUTED_324, request_body
 from guard.errors import GuardError
 from guard.guided import GuidedLimits, check_structured_outputs
-from guard.guided._backend_cost import guidance_cost, outlines_cost, trie_size, xgrammar_cost
-from guard.guided._backends import (
+from guard.guided.backends import (
     BACKEND_COST_CODE,
-    guidance_rejects_regex,
+    guidance_cost,
+    outlines_cost,
     reachable_backends,
     route_auto,
-    xgrammar_rejects_regex,
+    trie_size,
+    xgrammar_cost,
 )
-from guard.guided._schema_bounds import largest_bound_product
+from guard.guided.regex import guidance_rejects_regex, xgrammar_rejects_regex
+from guard.guided.schema import largest_bound_product
 from tests._support import REPO_ROOT
 
 DEFAULT = GuidedLimits()

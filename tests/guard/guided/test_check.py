@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from guard.errors import GuardError, LimitExceeded, RegexRejected
 from guard.guided import GuidedLimits, check_guided_decoding
-from guard.guided._regex_scan import scan_regex
+from guard.guided.regex import scan_regex
 from guard.isolation import preload, run_limited
 from tests._support import bytecodes
 
-preload("guard.guided._check")
+preload("guard.guided")
 
 LIMITS = GuidedLimits()
 
@@ -261,7 +261,7 @@ def test_ambiguity_threshold_is_a_limit() -> None:
 def test_program_size_estimate_bounds_re2() -> None:
     """The scan's estimate is an upper bound of RE2's program size on typical patterns, so a
     pattern refused by RE2's size is normally refused (cheaply) before compiling."""
-    from guard.guided._re2 import re2_program_size
+    from guard.guided.regex import re2_program_size
 
     for pattern in [*BENIGN_REGEXES, "\\pL+", "[^a]{50}", "\\W\\S\\D", "(?i)[a-z]{40}", "é{30}"]:
         est = scan_regex(pattern, LIMITS).est_program_size

@@ -1,5 +1,5 @@
-"""llama.cpp's GBNF parser mirrored (guard/guided/_gbnf.py) and the grammars llama-cpp-python
-makes of schemas (guard/guided/_llamacpp.py).
+"""llama.cpp's GBNF parser mirrored (guard/guided/grammar/_gbnf.py) and the grammars llama-cpp-python
+makes of schemas (guard/guided/grammar/_llamacpp.py).
 
 The expectations come from llama.cpp itself (llama-cpp-python 0.3.36's vendored
 ``llama_grammar_init_impl``, through ``llama_sampler_init_grammar``): during development the
@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 
 from guard.errors import GuardError, RegexRejected
-from guard.guided import GuidedLimits
-from guard.guided._check import check_guided_decoding
-from guard.guided._gbnf import GbnfLimits, parse_gbnf
-from guard.guided._llamacpp import llama_cpp_schemas, schema_grammar_problem
+from guard.guided import GuidedLimits, check_guided_decoding
+from guard.guided.grammar import GbnfLimits, llama_cpp_schemas, parse_gbnf, schema_grammar_problem
 
 DATA = Path(__file__).parent / "data"
 LIMITS = GbnfLimits(max_depth=64, max_elements=262_144, max_steps=100_000, max_left_depth=4096)

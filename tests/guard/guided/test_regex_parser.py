@@ -9,7 +9,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guard.guided._regex_ast import Node, Unpriceable, parse_regex
+from guard.guided.regex import Node, Unpriceable, parse_regex
 from payloads import load_corpus
 from tests.guard.guided._sre_reference import reference_parse, same_tree
 

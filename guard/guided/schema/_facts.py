@@ -1,20 +1,20 @@
 """What the backend routing, the backend cost models and the nested-bound check read from a JSON
 schema, gathered in one walk.
 
-vLLM's routing (:func:`guard.guided._backends.route_auto`), xgrammar's and llguidance's cost
-estimates (:mod:`guard.guided._backend_cost`) and the nested-bound product
-(:mod:`guard.guided._schema_bounds`) each used to walk the whole schema again. They read a few
+vLLM's routing (:func:`guard.guided.backends._routing.route_auto`), xgrammar's and llguidance's cost
+estimates (:mod:`guard.guided.backends._cost`) and the nested-bound product
+(:mod:`guard.guided.schema._bounds`) each used to walk the whole schema again. They read a few
 keywords per object, the same whatever the object's place in the schema: :func:`add_node` reads
 them from one object into a :class:`SchemaFacts`, in the order the estimates add them up
 (objects in pre-order, children right to left), so the sums are the same to the last bit. The
-schema check's own walk (:mod:`guard.guided._check`) calls it on every object it visits, and
+schema check's own walk (:mod:`guard.guided.schema._walk`) calls it on every object it visits, and
 :func:`facts_of` walks a schema the check did not see (the schema vLLM builds from forced tool
 calls, which holds the tools' parameters: their facts are reused, not walked again).
 
 The nested-bound product is the largest product of ``minItems``/``maxItems`` and
 ``minLength``/``maxLength`` along one path; without a ``$ref`` it is found in the same walk.
 With one, :attr:`SchemaFacts.bound` is None and the caller follows the references
-(:func:`guard.guided._schema_bounds.largest_bound_product`).
+(:func:`guard.guided.schema._bounds.largest_bound_product`).
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from guard.guided._regex_syntax import guidance_rejects_regex, xgrammar_rejects_regex
-from guard.guided._schema_bounds import bound_here
+from guard.guided.regex import guidance_rejects_regex, xgrammar_rejects_regex
+from guard.guided.schema._bounds import BOUND_CAP, BOUND_SKIP, bound_here
 
-__all__ = ["BOUND_SKIP", "FACT_KEYS", "SchemaFacts", "add_node", "facts_of"]
+__all__ = ["FACT_KEYS", "SchemaFacts", "add_node", "facts_of"]
 
-_CAP = 10**30
 _ARRAY_KEYS = ("minItems", "maxItems")
-BOUND_SKIP = frozenset({"enum", "const", "examples", "default", "$defs", "definitions"})
-"""Keys whose values the nested-bound walk does not enter (data, or reached through $ref)."""
 
 _STRING_FORMATS = frozenset(
     {
@@ -285,7 +282,7 @@ def facts_of(schema: Any, memo: Memo | None = None) -> SchemaFacts:
                     if sub.bound is None:
                         f.bound = None
                     else:
-                        best = max(best, min(_CAP, product * sub.bound))
+                        best = max(best, min(BOUND_CAP, product * sub.bound))
                 continue
         t = type(node)
         if t is dict or (t is not list and isinstance(node, Mapping)):

@@ -1,6 +1,6 @@
-"""Delta debugging on a JSON document, for findings on live servers.
+"""Delta debugging on a JSON document (a live server's findings are request bodies).
 
-Byte-level ddmin (:mod:`fuzz.minimize`) would spend its tests on bodies a server cannot even
+Byte-level ddmin (:mod:`._bytes`) would spend its tests on bodies a server cannot even
 parse. :func:`shrink_json` edits the structure instead, each edit kept when the predicate still
 holds (the live server still shows the same finding):
 
@@ -21,22 +21,15 @@ from __future__ import annotations
 import copy
 import json
 import re
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["ShrinkStats", "shrink_json"]
+from fuzz.minimize._budget import MinimiseBudget, MinimiseStats
+
+__all__ = ["shrink_json"]
 
 _RUN = re.compile(r"(.)\1{7,}", re.DOTALL)
 _UNIT = re.compile(r"(.{2,16}?)\1{7,}", re.DOTALL)
-
-
-class ShrinkStats:
-    __slots__ = ("complete", "tests")
-
-    def __init__(self) -> None:
-        self.tests = 0
-        self.complete = False
 
 
 class _OutOfBudget(Exception):
@@ -53,13 +46,13 @@ def shrink_json(
     *,
     max_tests: int = 200,
     deadline_s: float | None = None,
-    stats: ShrinkStats | None = None,
+    stats: MinimiseStats | None = None,
     keep: frozenset[str] = frozenset(),
 ) -> Any:
     """A smaller ``doc`` for which ``still_fails`` holds. ``keep``: top-level keys neither
     removed nor changed (``model``, say)."""
-    stats = stats if stats is not None else ShrinkStats()
-    end = None if deadline_s is None else time.monotonic() + deadline_s
+    stats = stats if stats is not None else MinimiseStats()
+    budget = MinimiseBudget(max_tests, deadline_s, stats)
     tried: set[str] = {_key(doc)}
     current = [copy.deepcopy(doc)]
 
@@ -67,7 +60,7 @@ def shrink_json(
         k = _key(candidate)
         if k in tried:
             return False
-        if stats.tests >= max_tests or (end is not None and time.monotonic() > end):
+        if budget.spent():
             raise _OutOfBudget
         tried.add(k)
         stats.tests += 1

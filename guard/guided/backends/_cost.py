@@ -1,6 +1,6 @@
 """Static cost estimates of what each structured-output backend does with a constraint.
 
-One linear pass over the constraint (the regex AST of :mod:`guard.guided._regex_ast`, or the
+One linear pass over the constraint (the regex AST of :mod:`guard.guided.regex._ast`, or the
 JSON-schema tree) per backend; counted repetitions are priced symbolically, never unrolled. The
 models and their constants come from measurements of the backends vLLM 0.32 installs
 (outlines-core 0.2.14, xgrammar 0.2.8, llguidance 1.7.6) with byte-level BPE vocabularies of
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from guard.guided._regex_ast import (
+from guard.guided.regex import (
     ALT,
     CAT,
     EPS,
@@ -46,11 +46,10 @@ from guard.guided._regex_ast import (
     multibyte,
     parse_regex,
 )
-from guard.guided._schema_facts import Memo, count_of, facts_of
+from guard.guided.schema import Memo, count_of, facts_of, resolve_ref
 
 __all__ = [
     "Estimate",
-    "clear_caches",
     "guidance_cost",
     "outlines_cost",
     "trie_size",
@@ -460,7 +459,7 @@ class _SchemaSizer:
         if isinstance(ref, str):
             if refs >= _MAX_REF_DEPTH:
                 raise _OutlinesRejects
-            return self.size(_resolve(self.root, ref), top, refs + 1)
+            return self.size(resolve_ref(self.root, ref), top, refs + 1)
         enum = s.get("enum")
         if isinstance(enum, list):
             return float(trie_size(_json_text(v) for v in enum)) + 2
@@ -541,23 +540,6 @@ def trie_size(words: Iterable[str]) -> int:
 
 
 _count = count_of
-
-
-def _resolve(root: Any, ref: str) -> Any:
-    if ref == "#":
-        return root
-    if not ref.startswith("#/"):
-        return None
-    node = root
-    for raw in ref[2:].split("/"):
-        token = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def _outlines_schema(schema: Any, vocab: int, facts: Memo | None) -> Estimate:
@@ -775,13 +757,3 @@ def guidance_cost(kind: str, spec: Any, vocab: int, facts: Memo | None = None) -
                 est.compile_s += _G_COUNT * count
                 est.mask_s = max(est.mask_s, min(0.2, 1.2e-6 * count))
     return est
-
-
-def clear_caches() -> None:
-    """Forget every cached per-pattern result (benchmarks measure cold checks)."""
-    from guard.guided._regex_syntax import guidance_rejects_regex, xgrammar_rejects_regex
-
-    _shape_of.cache_clear()
-    _xgr_terms_of.cache_clear()
-    xgrammar_rejects_regex.cache_clear()
-    guidance_rejects_regex.cache_clear()

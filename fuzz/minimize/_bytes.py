@@ -9,18 +9,11 @@ always one for which the predicate held (or ``data`` itself).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
-__all__ = ["MinimiseStats", "ddmin"]
+from fuzz.minimize._budget import MinimiseBudget, MinimiseStats
 
-
-class MinimiseStats:
-    __slots__ = ("complete", "tests")
-
-    def __init__(self) -> None:
-        self.tests = 0
-        self.complete = False
+__all__ = ["ddmin"]
 
 
 def ddmin(
@@ -34,7 +27,7 @@ def ddmin(
     """The smallest input found for which ``still_fails`` holds (1-minimal when not cut short:
     removing any single byte makes it pass)."""
     stats = stats if stats is not None else MinimiseStats()
-    end = None if deadline_s is None else time.monotonic() + deadline_s
+    budget = MinimiseBudget(max_tests, deadline_s, stats)
     tried: set[bytes] = set()
 
     def test(candidate: bytes) -> bool:
@@ -44,9 +37,6 @@ def ddmin(
         stats.tests += 1
         return still_fails(candidate)
 
-    def out_of_budget() -> bool:
-        return stats.tests >= max_tests or (end is not None and time.monotonic() > end)
-
     current = data
     n = 2
     while len(current) >= 2:
@@ -55,7 +45,7 @@ def ddmin(
         reduced = False
         # Try each complement (the input without one chunk); subsets are subsumed at n = 2.
         for start in starts:
-            if out_of_budget():
+            if budget.spent():
                 return current
             candidate = current[:start] + current[start + chunk :]
             if candidate and test(candidate):
@@ -68,7 +58,7 @@ def ddmin(
         if chunk == 1:
             break
         n = min(len(current), n * 2)
-    if len(current) == 1 and not out_of_budget() and test(b""):
+    if len(current) == 1 and not budget.spent() and test(b""):
         current = b""
     stats.complete = True
     return current

@@ -31,10 +31,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 from guard.errors import LimitExceeded
-from guard.guided._backend_cost import Estimate, guidance_cost, outlines_cost, xgrammar_cost
 from guard.guided._limits import GuidedLimits
-from guard.guided._regex_syntax import guidance_rejects_regex, xgrammar_rejects_regex
-from guard.guided._schema_facts import Memo, facts_of
+from guard.guided.backends._cost import Estimate, guidance_cost, outlines_cost, xgrammar_cost
+from guard.guided.regex import guidance_rejects_regex, xgrammar_rejects_regex
+from guard.guided.schema import Memo, facts_of
 
 __all__ = [
     "BACKEND_COST_CODE",
@@ -42,23 +42,21 @@ __all__ = [
     "check_constraint",
     "constraints",
     "fmt_path",
-    "guidance_rejects_regex",
     "reachable_backends",
     "route_auto",
-    "xgrammar_rejects_regex",
 ]
 
 BACKEND_COST_CODE = "guided_backend_cost_exceeded"
 _ESTIMATORS = {"outlines": outlines_cost, "xgrammar": xgrammar_cost, "guidance": guidance_cost}
 
-# ---- vLLM 0.32's routing helpers (request-only): guard/guided/_schema_facts.py (schemas) and
-# guard/guided/_regex_syntax.py (regexes)
+# ---- vLLM 0.32's routing helpers (request-only): guard/guided/schema/_facts.py (schemas) and
+# guard/guided/regex/_syntax.py (regexes)
 
 
 def route_auto(kind: str, spec: Any, facts: Memo | None = None) -> str:
     """The backend vLLM 0.32's ``auto`` picks for one constraint (non-Mistral tokenizer):
     ``xgrammar``, ``guidance``, ``outlines``, or ``reject`` (a 400 from vLLM). ``facts``:
-    schema facts already gathered (see :func:`guard.guided._schema_facts.facts_of`)."""
+    schema facts already gathered (see :func:`guard.guided.schema._facts.facts_of`)."""
     if kind == "json":
         if not isinstance(spec, Mapping):
             return "xgrammar" if spec is True else "reject"

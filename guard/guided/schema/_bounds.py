@@ -15,9 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["bound_here", "largest_bound_product"]
+from guard.guided.schema._refs import resolve_ref
 
-_CAP = 10**30
+__all__ = ["BOUND_CAP", "BOUND_SKIP", "bound_here", "largest_bound_product"]
+
+BOUND_CAP = 10**30
+"""Bound products are capped here (a count of 10**30 is as refused as a larger one)."""
+BOUND_SKIP = frozenset({"enum", "const", "examples", "default", "$defs", "definitions"})
+"""Keys whose values the nested-bound walk does not enter (data, or reached through $ref)."""
 _ARRAY_KEYS = ("minItems", "maxItems")
 _STRING_KEYS = ("minLength", "maxLength")
 
@@ -27,34 +32,17 @@ def _bound(node: Mapping[str, Any], keys: tuple[str, str]) -> int:
     for key in keys:
         value = node.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value > best:
-            best = int(min(value, _CAP))
+            best = int(min(value, BOUND_CAP))
     return best
 
 
 def bound_here(node: Mapping[str, Any], product: int) -> int:
     """The nested-bound product at ``node`` given the product above it."""
     if "minItems" in node or "maxItems" in node:
-        product = min(_CAP, product * _bound(node, _ARRAY_KEYS))
+        product = min(BOUND_CAP, product * _bound(node, _ARRAY_KEYS))
     if "minLength" in node or "maxLength" in node:
-        product = min(_CAP, product * _bound(node, _STRING_KEYS))
+        product = min(BOUND_CAP, product * _bound(node, _STRING_KEYS))
     return product
-
-
-def _resolve(root: Any, ref: str) -> Any:
-    if ref == "#":
-        return root
-    if not ref.startswith("#/"):
-        return None
-    node = root
-    for raw in ref[2:].split("/"):
-        token = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def largest_bound_product(schema: Any, max_visits: int) -> int:
@@ -73,12 +61,12 @@ def largest_bound_product(schema: Any, max_visits: int) -> int:
             continue
         ref = node.get("$ref")
         if isinstance(ref, str) and ref not in refs:
-            stack.append((_resolve(schema, ref), product, refs | {ref}))
+            stack.append((resolve_ref(schema, ref), product, refs | {ref}))
         here = bound_here(node, product)
         best = max(best, here)
         for key, value in node.items():
-            if key in ("enum", "const", "examples", "default", "$defs", "definitions"):
-                continue  # data, or reached through $ref
+            if key in BOUND_SKIP:
+                continue
             if isinstance(value, Mapping | list | tuple):
                 stack.append((value, here, refs))
     return best

@@ -1,4 +1,4 @@
-"""A small regex AST for the backend cost models (:mod:`guard.guided._backend_cost`).
+"""A small regex AST for the backend cost models (:mod:`guard.guided.backends._cost`).
 
 The pattern is read as Python's ``re`` parser reads it (``re._parser``: the same acceptance,
 the same tree, including its rewrites of alternations: a common prefix of every branch is

@@ -1,6 +1,6 @@
 """Regex syntax that xgrammar's and llguidance's converters reject (vLLM's ``auto`` routing).
 
-Probed on xgrammar 0.2.8 and llguidance 1.7.6 (see :mod:`guard.guided._backends`). Both
+Probed on xgrammar 0.2.8 and llguidance 1.7.6 (see :mod:`guard.guided.backends._routing`). Both
 answers are cached by pattern (tools repeat the same patterns), and the scan outside character
 classes jumps between the few characters that matter with one C-level search.
 """

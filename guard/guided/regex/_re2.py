@@ -13,7 +13,7 @@ import re
 import re2
 
 from guard.errors import RegexRejected
-from guard.guided._regex_scan import INVALID, UNSAFE
+from guard.guided.regex._scan import INVALID, UNSAFE
 
 _RE2 = re2._re2.RE2
 # RE2 errors read "<category>: <pattern fragment>"; keep the category only.

@@ -1,15 +1,14 @@
-# mypy: ignore-errors
-# ruff: noqa
-"""llama-cpp-python 0.3.36's JSON-schema-to-GBNF converter, verbatim (``llama_cpp/llama_grammar.py``
-from ``SPACE_RULE`` to ``json_schema_to_gbnf``; MIT License, Copyright (c) 2023 Andrei Betlen),
-so that the guard builds the grammar llama-cpp-python would build of a request's schema and
-checks it with llama.cpp's parser (:mod:`guard.guided._gbnf`). Not edited: the guard must see
-exactly what the upstream makes. Only called from :mod:`guard.guided._llamacpp`.
-"""
-
+# Vendored from llama-cpp-python 0.3.36 (MIT License, Copyright (c) 2023 Andrei Betlen; the
+# licence is LICENSE-llama-cpp-python.md beside this file, the upstream recorded in README.md).
+# Below the marker line: llama_cpp/llama_grammar.py from line 235 to its end, byte for byte, so
+# that the guard builds the grammar llama-cpp-python builds of a request's JSON schema. Do not
+# edit it: update it from upstream (README.md says how) and the recorded digest with it.
+# Above the marker: the names the slice takes from the top of that file.
 from itertools import groupby
 from typing import Any, Set, Tuple, Union
 
+# ---- upstream below: llama-cpp-python 0.3.36 llama_cpp/llama_grammar.py, lines 235-953 ----
+"""llama.cpp json-schema to grammar converter from vendor/llama.cpp/examples/json-schema-to-grammar.py"""
 import json
 import re
 from typing import List, Optional
@@ -55,7 +54,9 @@ def _build_repetition(
         """
 
         content = (
-            f"{separator_rule} {item_rule}" if prefix_with_sep and separator_rule else item_rule
+            f"{separator_rule} {item_rule}"
+            if prefix_with_sep and separator_rule
+            else item_rule
         )
         if up_to_n == 0:
             return ""
@@ -107,9 +108,13 @@ PRIMITIVE_RULES = {
         '"{" space ( string ":" space value ("," space string ":" space value)* )? "}" space',
         ["string", "value"],
     ),
-    "array": BuiltinRule('"[" space ( value ("," space value)* )? "]" space', ["value"]),
+    "array": BuiltinRule(
+        '"[" space ( value ("," space value)* )? "]" space', ["value"]
+    ),
     "uuid": BuiltinRule(
-        r'"\"" ' + ' "-" '.join("[0-9a-fA-F]" * n for n in [8, 4, 4, 4, 12]) + r' "\"" space',
+        r'"\"" '
+        + ' "-" '.join("[0-9a-fA-F]" * n for n in [8, 4, 4, 4, 12])
+        + r' "\"" space',
         [],
     ),
     "char": BuiltinRule(
@@ -139,7 +144,9 @@ STRING_FORMAT_RULES = {
 DOTALL = "[\\U00000000-\\U0010FFFF]"
 DOT = "[^\\x0A\\x0D]"
 
-RESERVED_NAMES = set(["root", "dot", *PRIMITIVE_RULES.keys(), *STRING_FORMAT_RULES.keys()])
+RESERVED_NAMES = set(
+    ["root", "dot", *PRIMITIVE_RULES.keys(), *STRING_FORMAT_RULES.keys()]
+)
 
 
 NON_LITERAL_SET = set("|.()[]{}*+?")
@@ -196,7 +203,10 @@ class SchemaConverter:
             key = esc_name
         else:
             i = 0
-            while f"{esc_name}{i}" in self._rules and self._rules[f"{esc_name}{i}"] != rule:
+            while (
+                f"{esc_name}{i}" in self._rules
+                and self._rules[f"{esc_name}{i}"] != rule
+            ):
                 i += 1
             key = f"{esc_name}{i}"
         self._rules[key] = rule
@@ -226,7 +236,9 @@ class SchemaConverter:
 
                         target = self._refs.get(base_url)
                         if target is None:
-                            target = self.resolve_refs(requests.get(ref).json(), base_url)
+                            target = self.resolve_refs(
+                                requests.get(ref).json(), base_url
+                            )
                             self._refs[base_url] = target
 
                         if len(frag_split) == 1 or frag_split[-1] == "":
@@ -385,7 +397,9 @@ class SchemaConverter:
                             min_times = int(nums[0]) if nums[0] else 0
                             max_times = int(nums[1]) if nums[1] else None
                     except ValueError:
-                        raise ValueError(f"Invalid quantifier {curly_brackets} in /{pattern}/")
+                        raise ValueError(
+                            f"Invalid quantifier {curly_brackets} in /{pattern}/"
+                        )
 
                     (sub, sub_is_literal) = seq[-1]
 
@@ -477,7 +491,9 @@ class SchemaConverter:
             )
 
         elif "const" in schema:
-            return self._add_rule(rule_name, self._generate_constant_rule(schema["const"]))
+            return self._add_rule(
+                rule_name, self._generate_constant_rule(schema["const"])
+            )
 
         elif "enum" in schema:
             rule = " | ".join((self._generate_constant_rule(v) for v in schema["enum"]))
@@ -485,7 +501,10 @@ class SchemaConverter:
 
         elif schema_type in (None, "object") and (
             "properties" in schema
-            or ("additionalProperties" in schema and schema["additionalProperties"] is not True)
+            or (
+                "additionalProperties" in schema
+                and schema["additionalProperties"] is not True
+            )
         ):
             required = set(schema.get("required", []))
             properties = list(schema.get("properties", {}).items())
@@ -525,7 +544,9 @@ class SchemaConverter:
                 ),
             )
 
-        elif schema_type in (None, "array") and ("items" in schema or "prefixItems" in schema):
+        elif schema_type in (None, "array") and (
+            "items" in schema or "prefixItems" in schema
+        ):
             items = schema.get("items") or schema["prefixItems"]
             if isinstance(items, list):
                 return self._add_rule(
@@ -553,27 +574,36 @@ class SchemaConverter:
         elif schema_type in (None, "string") and "pattern" in schema:
             return self._visit_pattern(schema["pattern"], rule_name)
 
-        elif schema_type in (None, "string") and re.match(r"^uuid[1-5]?$", schema_format or ""):
+        elif schema_type in (None, "string") and re.match(
+            r"^uuid[1-5]?$", schema_format or ""
+        ):
             return self._add_primitive(
                 "root" if rule_name == "root" else schema_format,
                 PRIMITIVE_RULES["uuid"],
             )
 
-        elif schema_type in (None, "string") and f"{schema_format}-string" in STRING_FORMAT_RULES:
+        elif (
+            schema_type in (None, "string")
+            and f"{schema_format}-string" in STRING_FORMAT_RULES
+        ):
             prim_name = f"{schema_format}-string"
             return self._add_rule(
                 rule_name,
                 self._add_primitive(prim_name, STRING_FORMAT_RULES[prim_name]),
             )
 
-        elif schema_type == "string" and ("minLength" in schema or "maxLength" in schema):
+        elif schema_type == "string" and (
+            "minLength" in schema or "maxLength" in schema
+        ):
             char_rule = self._add_primitive("char", PRIMITIVE_RULES["char"])
             min_len = schema.get("minLength", 0)
             max_len = schema.get("maxLength")
 
             return self._add_rule(
                 rule_name,
-                r'"\"" ' + _build_repetition(char_rule, min_len, max_len) + r' "\"" space',
+                r'"\"" '
+                + _build_repetition(char_rule, min_len, max_len)
+                + r' "\"" space',
             )
 
         elif (schema_type == "object") or (len(schema) == 0):
@@ -618,7 +648,9 @@ class SchemaConverter:
 
         prop_kv_rule_names = {}
         for prop_name, prop_schema in properties:
-            prop_rule_name = self.visit(prop_schema, f"{name}{'-' if name else ''}{prop_name}")
+            prop_rule_name = self.visit(
+                prop_schema, f"{name}{'-' if name else ''}{prop_name}"
+            )
             prop_kv_rule_names[prop_name] = self._add_rule(
                 f"{name}{'-' if name else ''}{prop_name}-kv",
                 rf'{self._format_literal(json.dumps(prop_name))} space ":" space {prop_rule_name}',
@@ -680,7 +712,8 @@ class SchemaConverter:
 
     def format_grammar(self):
         return "\n".join(
-            f"{name} ::= {rule}" for name, rule in sorted(self._rules.items(), key=lambda kv: kv[0])
+            f"{name} ::= {rule}"
+            for name, rule in sorted(self._rules.items(), key=lambda kv: kv[0])
         )
 
 

@@ -2,9 +2,9 @@
 llama.cpp will parse them.
 
 Its default chat handler (``chat_formatter_to_chat_completion_handler``) turns two schemas into
-GBNF with its own converter (``json_schema_to_gbnf``, vendored verbatim in
-:mod:`guard.guided._llamacpp_schema`): ``response_format: {"type": "json_object", "schema":
-...}`` and the ``parameters`` of the tool that a ``tool_choice`` object names (legacy
+GBNF with its own converter (``json_schema_to_gbnf``, vendored byte for byte in
+:mod:`guard.guided._vendor.llama_grammar`): ``response_format: {"type": "json_object",
+"schema": ...}`` and the ``parameters`` of the tool that a ``tool_choice`` object names (legacy
 ``functions`` / ``function_call: {"name": ...}`` become tools and a tool choice first). The
 converter copies regex escapes (``\\d``), writes constants with ``json.dumps`` escapes (``\\b``,
 ``\\f``) and unrolls ``minLength`` / ``maxLength`` into repetitions and nested groups: grammars
@@ -20,9 +20,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from guard.errors import RegexRejected
-from guard.guided._gbnf import GbnfLimits, parse_gbnf
 from guard.guided._limits import GuidedLimits
-from guard.guided._llamacpp_schema import json_schema_to_gbnf
+from guard.guided._vendor.llama_grammar import json_schema_to_gbnf
+from guard.guided.grammar._gbnf import GbnfLimits, parse_gbnf
 
 __all__ = ["llama_cpp_schemas", "schema_grammar_problem"]
 
