@@ -118,12 +118,7 @@ def test_allowed_clashes_still_clash() -> None:
 
 # Scripts (bench/, scripts/) are no package, so import-linter does not read them: a private
 # module of a package is reached from them only with a reason, which goes when the import does.
-ALLOWED_PRIVATE: dict[str, str] = {
-    "bench/guided_check.py -> guard.guided._backend_cost": "the layout branch (issue 20 item 4) "
-    "rewrites guard.guided and this bench with it",
-    "bench/guided_backends.py -> fuzz.targets._vocab": "fuzz.targets is the layout branch's "
-    "(issue 20 item 5): its face exports the vocabulary once that is merged",
-}
+ALLOWED_PRIVATE: dict[str, str] = {}
 
 
 def _is_private(name: str) -> bool:
