@@ -16,7 +16,7 @@ import hashlib
 import ipaddress
 import re
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeGuard
 
 from pydantic import (
     AfterValidator,
@@ -506,7 +506,7 @@ class Policy(Section):
         return rate if rate is not None else entry.rate.apply(self.rate)
 
 
-def is_section(annotation: Any) -> bool:
+def is_section(annotation: Any) -> TypeGuard[type]:
     """Whether a field of this type is a section: a policy model or a limit set."""
     return isinstance(annotation, type) and (
         issubclass(annotation, BaseModel) or is_pydantic_dataclass(annotation)
