@@ -21,10 +21,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# ruff, mypy (strict), and the import contracts of pyproject.toml's [tool.importlinter].
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff format .

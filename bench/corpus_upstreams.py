@@ -47,7 +47,7 @@ from loadtests.upstream_corpus import (  # noqa: E402
     summarize,
 )
 from payloads.loader import CLASSES, Payload, load_corpus  # noqa: E402
-from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard_argv  # noqa: E402
+from schedguard.servers import RunningServer, ServerSpec, free_port, schedguard_argv  # noqa: E402
 
 UPSTREAMS = ("vllm", "llamacpp")
 MODES = ("unguarded", "guarded")

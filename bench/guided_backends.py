@@ -56,8 +56,7 @@ def verdicts(kind: str, spec: Any, vocab: int) -> dict[str, str]:
 
 def measure(backends: list[str]) -> dict[str, Any]:
     from fuzz.oracle import Oracle
-    from fuzz.targets import Budgets
-    from fuzz.targets._vocab import load_vocab
+    from fuzz.targets import Budgets, load_vocab
     from fuzz.targets.backends import join_input
     from fuzz.targets.backends_corpus import BENIGN, EXPENSIVE
 

@@ -1,9 +1,10 @@
 """Throughput of the bounded JSON reader beside plain ``json.loads``, on benign and hostile bodies.
 
-For each body: MB/s of ``parse_json_body`` (the whole read, or until it refuses), of its
-structural scan alone, of ``json_depth`` and of ``json.loads`` with no checks, each the median of
-``--runs`` runs, all in one child process under a memory cap (``guard.isolation.run_limited``).
-With ``--memory``, each body is also read once in a fresh child to report the RSS the read adds.
+For each body: MB/s of ``parse_json_body`` (the whole read, or until it refuses), of its scans
+before parsing alone (``scan_json_body``), of ``json_depth`` and of ``json.loads`` with no checks,
+each the median of ``--runs`` runs, all in one child process under a memory cap
+(``guard.isolation.run_limited``). With ``--memory``, each body is also read once in a fresh
+child to report the RSS the read adds.
 
     .venv/bin/python bench/json_scan.py [--runs 5] [--memory] [--json]
 """
@@ -21,8 +22,7 @@ from typing import Any
 
 from guard.errors import GuardError
 from guard.isolation import run_limited
-from guard.json import JsonLimits, json_depth, parse_json_body
-from guard.json import _pattern as _json_pattern
+from guard.json import JsonLimits, json_depth, parse_json_body, scan_json_body
 
 LIMITS = JsonLimits()
 MIB = 1 << 20
@@ -112,22 +112,11 @@ def _outcome(body: bytes) -> str:
     return "ok"
 
 
-def _scan_only(body: bytes) -> object:
-    """The pre-parse scans: structure, numbers, containers (not UTF-8, not the parser)."""
-    members = max(LIMITS.max_array_length, LIMITS.max_keys_per_object)
-    structure = _json_pattern.structure_scan(LIMITS.max_depth, members, LIMITS.max_string_bytes)
-    scan = _json_pattern.neutralise(body)
-    number = _json_pattern.find_long_number(scan, LIMITS.max_number_chars)
-    container = _json_pattern.find_container(scan, LIMITS.max_containers + 1)
-    stop = min((x for x in (number, container) if x >= 0), default=len(scan))
-    return structure.run(scan, stop)
-
-
 def measure(runs: int) -> list[dict[str, Any]]:
     """Runs in the limited child: every body, every reader."""
     readers: dict[str, Callable[[bytes], object]] = {
         "parse_json_body": lambda b: parse_json_body(b, LIMITS),
-        "scan_only": _scan_only,
+        "scan_only": lambda b: scan_json_body(b, LIMITS),
         "json_depth": lambda b: json_depth(b, LIMITS.max_depth),
         "json.loads": json.loads,
     }

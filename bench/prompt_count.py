@@ -22,7 +22,7 @@ from typing import Any
 
 from guard.checks import check_multimodal, check_tokens
 from guard.policy import Policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.request import RequestView
 
 CHAT = "/v1/chat/completions"
 DEFAULT_TOKENIZER = Path.home() / ".cache/schedguard/upstreams/vllm/model/tokenizer.json"

@@ -41,7 +41,7 @@ from loadtests.chat_accounting import (  # noqa: E402
     summarize,
 )
 from loadtests.upstream_corpus import ScriptUpstream  # noqa: E402
-from schedguard._servers import RunningServer, free_port  # noqa: E402
+from schedguard.servers import RunningServer, free_port  # noqa: E402
 
 
 def run_template(

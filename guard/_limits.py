@@ -7,6 +7,10 @@ class itself as its section (``limits.guided`` *is* a ``GuidedLimits``), so YAML
 ``SCHEDGUARD_*`` values are validated by the same declaration, docs/POLICY.md is generated from
 its descriptions, and the guard reads the policy's objects: nothing is copied field by field.
 
+A limit set whose fields are checked together (a validator across fields, or that needs to know
+which fields a policy set) is a :class:`LimitsModel` instead: a frozen pydantic model with the
+same rules.
+
 Validation costs a few microseconds when an object is built (once per policy, or in a test);
 reading a field is a plain attribute read, as for any dataclass.
 """
@@ -15,9 +19,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LIMITS_CONFIG", "NonNegInt", "PosFloat", "PosInt"]
+__all__ = ["LIMITS_CONFIG", "LimitsModel", "NonNegInt", "PosFloat", "PosInt"]
 
 # Unknown fields are errors (a misspelt limit must not be ignored); defaults are checked too.
 LIMITS_CONFIG = ConfigDict(extra="forbid", validate_default=True)
@@ -26,3 +30,9 @@ LIMITS_CONFIG = ConfigDict(extra="forbid", validate_default=True)
 PosInt = Annotated[int, Field(strict=True, gt=0)]
 NonNegInt = Annotated[int, Field(strict=True, ge=0)]
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class LimitsModel(BaseModel):
+    """A limit set as a pydantic model: unknown fields are errors, values are immutable."""
+
+    model_config = ConfigDict(**LIMITS_CONFIG, frozen=True)

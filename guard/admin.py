@@ -25,9 +25,8 @@ from starlette.types import Scope
 from uvicorn.server import ServerState
 
 from guard.errors import GuardError, NotFound
-from guard.http._protocol import GuardHttpToolsProtocol
-from guard.policy import Policy
-from guard.policy._models import AdminPolicy, key_digest
+from guard.http import GuardHttpToolsProtocol
+from guard.policy import AdminPolicy, Policy, key_digest
 
 __all__ = ["AdminListener", "admin_app", "metrics_open", "metrics_refusal"]
 

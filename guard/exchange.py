@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from guard.http import RequestHead, SseRelay
 from guard.pipeline import Verdict
-from guard.policy import ANONYMOUS_TENANT, KeyEntry
+from guard.policy import KeyEntry
+from guard.request import ANONYMOUS_TENANT
 
 __all__ = ["Admission", "Exchange", "Opened", "check_outcomes"]
 

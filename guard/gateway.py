@@ -39,22 +39,21 @@ from guard.admission import (
     make_rate_limiter,
 )
 from guard.answer import Answer, RelayArgs
-from guard.checks import lax_bool
 from guard.errors import GuardError
 from guard.exchange import Admission, Exchange, Opened, check_outcomes
 from guard.http import Upstream, decode_body, head_refusals, inspect_head
 from guard.pipeline import Verdict, check_body
-from guard.policy import ANONYMOUS_TENANT, Policy
-from guard.request_view import (
-    KEPT_HEADERS,
+from guard.policy import Policy
+from guard.request import ANONYMOUS_TENANT, KEPT_HEADERS, lax_bool, normalise_headers
+from guard.routing import (
     method_of,
-    normalise_headers,
     resolve_key,
     route_not_allowed,
     route_of,
     upstream_target,
 )
 from guard.telemetry import (
+    SYNC_INTERVAL_S,
     AccessLog,
     GuardMetrics,
     RequestFields,
@@ -62,7 +61,6 @@ from guard.telemetry import (
     Tracing,
     make_tracing,
 )
-from guard.telemetry._multiprocess import SYNC_INTERVAL_S
 from guard.tokens import TokenCounter, get_counter
 
 __all__ = ["Forward", "Gateway", "build_gateway", "forward_body", "reservable"]
@@ -462,7 +460,7 @@ def build_gateway(
 
 async def _sync_metrics(metrics: GuardMetrics) -> None:
     """Copy this worker's series for the others' scrapes, every
-    :data:`~guard.telemetry._multiprocess.SYNC_INTERVAL_S`."""
+    :data:`~guard.telemetry.SYNC_INTERVAL_S`."""
     while True:
         await asyncio.sleep(SYNC_INTERVAL_S)
         metrics.sync()

@@ -3,7 +3,7 @@
 ``check_body(raw, path, headers, key, policy)`` is what the gateway's front half calls, for the
 proxied path and the dry run (``POST /guard/v1/check``) alike, once framing, route and API key
 are settled: bounded JSON parse (:func:`guard.json.parse_json_body`), a
-:class:`~guard.request_view.RequestView`, then ``run_checks``: the policy's checks in the
+:class:`~guard.request.RequestView`, then ``run_checks``: the policy's checks in the
 policy's order (data: ``policy.checks``), stopping at the first rejection.
 ``evaluate_body(raw, path, headers, policy)`` adds the route and the key, for callers without
 the gateway (fuzz targets, tests, benchmarks). The verdict carries what passing checks measured (costs, such as the prompt
@@ -27,15 +27,9 @@ from typing import Any
 from guard.checks import CHECKS, CheckFn, Mutation, apply_mutations
 from guard.errors import GuardError
 from guard.json import parse_json_body
-from guard.policy._models import KeyEntry, Policy
-from guard.request_view import (
-    HeadersLike,
-    RequestView,
-    normalise_headers,
-    resolve_key,
-    route_not_allowed,
-    route_of,
-)
+from guard.policy import KeyEntry, Policy
+from guard.request import HeadersLike, RequestView, normalise_headers
+from guard.routing import resolve_key, route_not_allowed, route_of
 
 __all__ = [
     "CHECK_FAILED",
@@ -174,8 +168,8 @@ def check_body(
     method: str = "POST",
 ) -> Verdict:
     """Bounded parse and the policy's checks for a body whose route and caller are settled
-    (``headers`` as :func:`~guard.request_view.normalise_headers` returns them, ``key`` as
-    :func:`~guard.request_view.resolve_key` does); never raises. The gateway's front half
+    (``headers`` as :func:`~guard.request.normalise_headers` returns them, ``key`` as
+    :func:`~guard.routing.resolve_key` does); never raises. The gateway's front half
     (:meth:`guard.gateway.Gateway.judge`) calls it after framing, route and key."""
     durations: dict[str, float] = {}
     costs: dict[str, int] = {"body_bytes": len(raw)}
@@ -205,7 +199,7 @@ def evaluate_body(
 ) -> Verdict:
     """Route, API key, bounded parse and checks for one request body, for callers without the
     gateway (fuzz targets, tests, benchmarks); never raises. The route is judged as the gateway
-    judges it (:func:`~guard.request_view.route_of`); the method is not checked."""
+    judges it (:func:`~guard.routing.route_of`); the method is not checked."""
     start = time.perf_counter()
     clean_path = path.split("?", 1)[0]
     try:

@@ -42,7 +42,7 @@ from guard.http import (
     read_body,
     response_headers,
 )
-from guard.request_view import upstream_query
+from guard.routing import upstream_query
 from guard.telemetry import RequestSpan
 
 __all__ = ["AsgiProxy", "admit", "send_error"]

@@ -29,9 +29,7 @@ from guard.app import create_app
 from guard.http import configure as configure_head_limit
 from guard.http import raise_nofile_limit
 from guard.policy import Policy, load_policy
-from guard.telemetry import AccessLog
-from guard.telemetry._multiprocess import ENV as METRICS_DIR_ENV
-from guard.telemetry._multiprocess import wipe
+from guard.telemetry import METRICS_DIR_ENV, AccessLog, wipe_metrics_dir
 
 __all__ = ["POLICY_ENV", "app_from_env", "run", "uvicorn_config"]
 
@@ -118,7 +116,7 @@ def _metrics_dir(workers: int) -> Iterator[None]:
     given = os.environ.get(METRICS_DIR_ENV)
     if given:
         os.makedirs(given, exist_ok=True)
-        if wipe(given):
+        if wipe_metrics_dir(given):
             _log.info("%s: removed the series files of a previous run", given)
         yield
         return

@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     if args.host and args.no_guard:
         _err("--no-guard starts its own upstream; it cannot be combined with --host")
         return 2
-    from schedguard._servers import RunningServer, ServerStartError
+    from schedguard.servers import RunningServer, ServerStartError
 
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("slo.json", "report.json", "timeline.json", "report.html", "locust_report.html"):
@@ -320,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_servers(args: argparse.Namespace, servers: list[Any]) -> LoadEndpoints:
-    from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard_argv
+    from schedguard.servers import RunningServer, ServerSpec, free_port, schedguard_argv
 
     if args.host:
         host = args.host.rstrip("/")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from schedguard._servers import RunningServer, ServerSpec, ServerStartError, free_port
+from schedguard.servers import RunningServer, ServerSpec, ServerStartError, free_port
 
 if TYPE_CHECKING:
     from guard.policy import Policy, PolicyError
@@ -120,7 +120,7 @@ def effective_policy(
 
 def start_embedded_upstream(mem_limit_bytes: int, host: str = "127.0.0.1") -> RunningServer:
     """The reference scheduler (hardened) as a child process on a free port, ready."""
-    from schedguard._servers import schedguard_argv
+    from schedguard.servers import schedguard_argv
 
     spec = ServerSpec(
         "scheduler_ref",

@@ -31,7 +31,7 @@ from typing import Any
 
 from schedguard._demo_rows import DemoConfig, MiB, Row, RowOutcome
 from schedguard._report import render_comparison, render_rows
-from schedguard._servers import (
+from schedguard.servers import (
     RunningServer,
     ServerSpec,
     ServerStartError,

@@ -120,9 +120,7 @@ def budget_for(profile: Profile) -> Budget:
     """
     counter: IncrementalCount | None = None
     if profile.max_prompt_tokens is not None:
-        from guard.tokens._counter import (
-            get_counter,  # loads the BPE ranks; only the hardened path pays
-        )
+        from guard.tokens import get_counter  # loads the BPE ranks: the hardened path alone
 
         counter = get_counter(TOKEN_ENCODING).incremental(
             profile.max_prompt_tokens, param="prompt_template"

@@ -1,7 +1,7 @@
 """``schedguard serve`` as a capped child process for end-to-end tests.
 
 The guard runs exactly as deployed (its own process, uvicorn, the policy file) under
-``RLIMIT_AS`` through :class:`schedguard._servers.RunningServer`, which also samples its RSS and
+``RLIMIT_AS`` through :class:`schedguard.servers.RunningServer`, which also samples its RSS and
 keeps its log for failure messages.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard_argv
+from schedguard.servers import RunningServer, ServerSpec, free_port, schedguard_argv
 
 HOST = "127.0.0.1"
 MEM_LIMIT = 1 << 30

@@ -11,6 +11,7 @@ import importlib
 from fuzz.targets._base import Budgets, Cost, FuzzTarget, TargetKind
 from fuzz.targets._common import TargetBase
 from fuzz.targets._mutate import json_mutate
+from fuzz.targets._vocab import load_vocab
 from fuzz.targets.gateway import GuardApp, GuardPipeline
 from fuzz.targets.scheduler import SchedulerState
 from fuzz.targets.templates import (
@@ -31,6 +32,7 @@ __all__ = [
     "TargetKind",
     "get_target",
     "json_mutate",
+    "load_vocab",
 ]
 
 REGISTRY: dict[str, FuzzTarget] = {

@@ -27,7 +27,7 @@ from typing import Any
 
 from guard.checks._result import Mutation
 from guard.errors import GuardError
-from guard.request_view import Endpoint
+from guard.request import Endpoint
 
 __all__ = ["MAX_REPETITION_PATTERN", "RESPONSES_TOOL_TYPES", "RULES", "check_cost_fields"]
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from guard.errors import GuardError, LimitExceeded
-from guard.request_view import Endpoint
+from guard.request import Endpoint
 
 __all__ = ["UNSUPPORTED_BY_UPSTREAM", "check_llama_cpp_shapes"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.checks._fields import lax_int
 from guard.errors import LimitExceeded
+from guard.request import lax_int
 from guard.tokens import TokenCounter
 
 __all__ = ["check_llama_cpp_logit_bias"]

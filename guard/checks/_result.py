@@ -7,13 +7,12 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from guard.errors import GuardError
-from guard.policy._models import Policy
-from guard.request_view import RequestView
+from guard.request import RequestView
 
-__all__ = ["PASS", "CheckFn", "CheckResult", "Mutation", "apply_mutations", "pure_check"]
+__all__ = ["PASS", "CheckResult", "Mutation", "apply_mutations", "pure_check"]
 
 _NO_COSTS: Mapping[str, int] = MappingProxyType({})
 
@@ -59,15 +58,17 @@ class CheckResult:
 
 PASS = CheckResult()
 
-CheckFn = Callable[[RequestView, Policy], CheckResult]
+PolicyT = TypeVar("PolicyT")
 
 
-def pure_check(fn: Callable[[RequestView, Policy], CheckResult | None]) -> CheckFn:
+def pure_check(
+    fn: Callable[[RequestView, PolicyT], CheckResult | None],
+) -> Callable[[RequestView, PolicyT], CheckResult]:
     """Write a check as code that raises :class:`GuardError` and returns costs when it passes;
     callers get a :class:`CheckResult` either way (``None`` is a plain pass)."""
 
     @functools.wraps(fn)
-    def run(view: RequestView, policy: Policy) -> CheckResult:
+    def run(view: RequestView, policy: PolicyT) -> CheckResult:
         try:
             result = fn(view, policy)
         except GuardError as exc:

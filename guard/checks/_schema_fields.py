@@ -11,15 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from guard.checks._fields import Path, fmt_path, is_int, is_number, lax_bool
-from guard.checks._parts import (
-    EMBEDS_TYPES,
-    MEDIA_TYPES,
-    OTHER_MEDIA_TYPES,
-    TEXT_TYPES,
-    classify_part,
-)
 from guard.errors import GuardError
+from guard.request import (
+    PART_TYPES,
+    TEXT_TYPES,
+    Path,
+    classify_part,
+    fmt_path,
+    is_int,
+    is_number,
+    lax_bool,
+)
 
 Validator = Callable[[Any, Path], None]
 
@@ -221,7 +223,7 @@ def messages(value: Any, path: Path) -> None:
 
 # Part types the guard reads, and the string field each text type must carry.
 _PART_TEXT = TEXT_TYPES
-_PART_TYPES = frozenset({*TEXT_TYPES, *MEDIA_TYPES, *EMBEDS_TYPES, *OTHER_MEDIA_TYPES})
+_PART_TYPES = PART_TYPES
 
 
 def conversations(value: Any, path: Path) -> None:

@@ -18,16 +18,103 @@ Codes (all 400): ``n_exceeded``, ``best_of_exceeded``, ``logprobs_exceeded``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from guard.checks._fields import SCORE_SIDES, effective_output, lax_int, prompt_items
+from pydantic import Field
+
+from guard._limits import LimitsModel, NonNegInt, PosInt
+from guard.checks._output import effective_output
+from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, pure_check
-from guard.checks._score import score_pairs
+from guard.checks._tokens_limits import TokensLimits
 from guard.errors import LimitExceeded
-from guard.policy._models import FanoutPolicy, Policy
-from guard.request_view import Endpoint, RequestView
+from guard.request import SCORE_SIDES, Endpoint, RequestView, lax_int, prompt_items, score_pairs
 
-__all__ = ["check_fanout"]
+__all__ = ["FanoutLimits", "FanoutReads", "check_fanout"]
+
+
+class FanoutLimits(LimitsModel):
+    max_n: PosInt = Field(
+        default=128,
+        description="Largest `n` (choices per prompt): OpenAI's limit, 128 (vLLM has none). "
+        "Each choice also reserves its output against the token rate. The `seed` preset: 16.",
+    )
+    max_best_of: PosInt = Field(
+        default=20,
+        description="Largest `best_of`: OpenAI's completions limit, 20 (TGI's default is 2; "
+        "vLLM 0.32 ignores it). The `seed` preset: 2.",
+    )
+    max_logprobs: NonNegInt = Field(
+        default=20,
+        description="Largest completions `logprobs`: vLLM's default `--max-logprobs`, 20 "
+        "(OpenAI's legacy completions allow 5). Negative values (vLLM: the whole vocabulary) "
+        "are refused. The `seed` preset: 5.",
+    )
+    max_top_logprobs: NonNegInt = Field(
+        default=20,
+        description="Largest `top_logprobs` / TGI `top_n_tokens`: OpenAI's chat limit and "
+        "vLLM's default `--max-logprobs`, 20. The `seed` preset: 5.",
+    )
+    max_prompt_logprobs: NonNegInt = Field(
+        default=20,
+        description="Largest vLLM `prompt_logprobs` (a score per prompt token per "
+        "alternative): vLLM's default `--max-logprobs`, 20; -1 (the whole vocabulary) is "
+        "refused. The `seed` preset: 5.",
+    )
+    max_prompts: PosInt = Field(
+        default=64,
+        description="Most prompts in a list-valued completions `prompt` (each is a sequence "
+        "of up to the context window; vLLM GHSA-3mwp-wvh9-7528). In front of "
+        "llama-cpp-python (`upstream.kind: llama_cpp`, set or detected) a completions `prompt` "
+        "list is held to one whatever this says: its /v1/completions asserts it "
+        '(`prompt: ["a", "b"]` is an empty 500), `prompts_exceeded` is the 400 instead.',
+    )
+    max_embedding_inputs: PosInt = Field(
+        default=2048,
+        description="Most inputs in a list-valued embeddings `input`: OpenAI's limit, 2048 "
+        "(client libraries batch up to it: LangChain sends 1000). The `seed` preset: 64.",
+    )
+    max_stop_sequences: PosInt = Field(
+        default=4,
+        description="Most `stop` sequences (vLLM's `VLLM_MAX_STOP_STRINGS`, OpenAI and TGI: "
+        "4; each is matched against every output delta).",
+    )
+    max_stop_bytes: PosInt = Field(
+        default=256, description="Longest `stop` sequence, in UTF-8 bytes."
+    )
+    max_logit_bias: NonNegInt = Field(
+        default=300, description="Most `logit_bias` entries (OpenAI's limit: 300)."
+    )
+    max_token_ids: NonNegInt = Field(
+        default=1024,
+        description="Most entries in each of `stop_token_ids`, `allowed_token_ids` and "
+        "`logprob_token_ids` (vLLM builds a mask or scores each of them on every generated "
+        "token; it caps only `logprob_token_ids`, at 128).",
+    )
+    max_bad_words: NonNegInt = Field(
+        default=128,
+        description="Most `bad_words` (each is tokenized twice and checked on every token; "
+        "vLLM's `VLLM_MAX_NUM_BAD_WORDS`: 128).",
+    )
+    max_messages: PosInt = Field(
+        default=2048,
+        description="Most chat messages in one request (long agent sessions reach hundreds; "
+        "the prompt's tokens bound the rest). The `seed` preset: 512.",
+    )
+    max_score_pairs: PosInt = Field(
+        default=256,
+        description="Most query-document pairs in one vLLM `/score` or `/rerank` request "
+        "(`documents`, `items`, `text_2`, `data_2`, or the longer of the two lists): each pair "
+        "is a sequence the model runs, its texts counted as prompt tokens "
+        "(`prompts_exceeded`). Batched conversations in embeddings and pooling `messages` / "
+        "`input` are held to `max_prompts` (each is a sequence) and their messages together to "
+        "`max_messages`.",
+    )
+    max_content_parts: PosInt = Field(
+        default=4096,
+        description="Most content parts over all messages of one request (some clients send "
+        "every message's content as a list of parts). The `seed` preset: 256.",
+    )
 
 
 def _cap(code: str, name: str, value: int, limit: int, *, negative_is_all: bool = False) -> None:
@@ -70,8 +157,18 @@ def _count(items: Any) -> int:
     return len(items) if isinstance(items, list | dict) else 0
 
 
+class FanoutReads(Protocol):
+    """The limit sets the fan-out check reads."""
+
+    @property
+    def fanout(self) -> FanoutLimits: ...
+
+    @property
+    def tokens(self) -> TokensLimits: ...
+
+
 @pure_check
-def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
+def check_fanout(view: RequestView, policy: PolicyView[FanoutReads]) -> CheckResult | None:
     body = view.obj
     if body is None:
         return None
@@ -90,7 +187,7 @@ def check_fanout(view: RequestView, policy: Policy) -> CheckResult | None:
     return None
 
 
-def _check_samples(body: dict[str, Any], limits: FanoutPolicy) -> None:
+def _check_samples(body: dict[str, Any], limits: FanoutLimits) -> None:
     """``n`` and ``best_of``: the sequences generated for one request."""
     n = lax_int(body.get("n"))
     if n is not None:
@@ -100,7 +197,7 @@ def _check_samples(body: dict[str, Any], limits: FanoutPolicy) -> None:
         _cap("best_of_exceeded", "best_of", best_of, limits.max_best_of)
 
 
-def _check_logprobs(body: dict[str, Any], limits: FanoutPolicy) -> None:
+def _check_logprobs(body: dict[str, Any], limits: FanoutLimits) -> None:
     """The log-probabilities asked for: per output token, the top ones, per prompt token."""
     logprobs = body.get("logprobs")
     if not isinstance(logprobs, bool):  # chat's logprobs is a switch; completions' a count
@@ -124,7 +221,7 @@ def _check_logprobs(body: dict[str, Any], limits: FanoutPolicy) -> None:
         )
 
 
-def _check_prompts(body: dict[str, Any], endpoint: Endpoint, limits: FanoutPolicy) -> None:
+def _check_prompts(body: dict[str, Any], endpoint: Endpoint, limits: FanoutLimits) -> None:
     """The number of prompts in a list-valued ``prompt`` or ``input`` (embeddings inputs have
     their own cap)."""
     for name in ("prompt", "input"):
@@ -153,14 +250,17 @@ def _check_pairs(body: dict[str, Any], view: RequestView, max_pairs: int) -> Non
             )
 
 
-def _check_min_tokens(body: dict[str, Any], view: RequestView, policy: Policy) -> None:
+def _check_min_tokens(
+    body: dict[str, Any], view: RequestView, policy: PolicyView[FanoutReads]
+) -> None:
     """``min_tokens`` against the output cap (the request's, else the policy's)."""
     min_tokens = lax_int(body.get("min_tokens"))
     if min_tokens is None or min_tokens <= 0:
         return
-    cap = effective_output(body, view.endpoint, policy)
+    tokens = policy.limits.tokens
+    cap = effective_output(body, view.endpoint, tokens)
     if cap is None:
-        cap = policy.limits.tokens.output_limit
+        cap = tokens.output_limit
     if cap is not None and min_tokens > cap:
         raise LimitExceeded(
             "min_tokens_exceeds_max_tokens",
@@ -169,7 +269,7 @@ def _check_min_tokens(body: dict[str, Any], view: RequestView, policy: Policy) -
         )
 
 
-def _check_entries(body: dict[str, Any], limits: FanoutPolicy) -> None:
+def _check_entries(body: dict[str, Any], limits: FanoutLimits) -> None:
     """The sizes of ``logit_bias``, the token-id lists and ``bad_words``."""
     _cap_entries("logit_bias_exceeded", "logit_bias", body.get("logit_bias"), limits.max_logit_bias)
     for name in _TOKEN_ID_LISTS:
@@ -205,7 +305,7 @@ def _check_stop(stop: Any, max_sequences: int, max_bytes: int) -> None:
             )
 
 
-def _check_messages(body: dict[str, Any], limits: FanoutPolicy) -> None:
+def _check_messages(body: dict[str, Any], limits: FanoutLimits) -> None:
     # Chat messages, and the responses API's input items (the same thing by another name); a
     # batch of conversations (vLLM's batched chat and embeddings): each is a sequence.
     max_messages, max_parts = limits.max_messages, limits.max_content_parts

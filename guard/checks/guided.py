@@ -14,14 +14,14 @@ Codes: ``guided_*`` (see :mod:`guard.guided`: its regex, schema, grammar and bac
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
+from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, pure_check
 from guard.guided import GuidedLimits, check_structured_outputs
-from guard.policy._models import Policy
-from guard.request_view import RequestView
+from guard.request import RequestView
 
-__all__ = ["check_guided"]
+__all__ = ["GuidedReads", "check_guided"]
 
 
 class _Probe(Mapping[str, Any]):
@@ -66,8 +66,15 @@ def _fields_read() -> frozenset[str] | None:
 _FIELDS = _fields_read()
 
 
+class GuidedReads(Protocol):
+    """The limit sets the guided-decoding check reads."""
+
+    @property
+    def guided(self) -> GuidedLimits: ...
+
+
 @pure_check
-def check_guided(view: RequestView, policy: Policy) -> CheckResult | None:
+def check_guided(view: RequestView, policy: PolicyView[GuidedReads]) -> CheckResult | None:
     body = view.obj
     if body is None:
         return None

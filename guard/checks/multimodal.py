@@ -2,7 +2,7 @@
 
 Parts are found wherever the upstream reads them (chat ``messages``, batched conversations,
 embeddings ``messages``/``input`` given as chat, Responses ``input`` items and list ``output``s)
-and classified as vLLM 0.32 classifies them (:mod:`guard.checks._parts`): by ``type``, or, when
+and classified as vLLM 0.32 classifies them (:func:`guard.request.classify_part`): by ``type``, or, when
 the part has a ``uuid`` or no ``type``, by its first media key. For each request:
 
 - a ``uuid`` on a part is refused unless ``allow_media_uuid`` (``media_uuid_not_allowed``): vLLM
@@ -37,17 +37,82 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from guard.checks._fields import Path, fmt_path
+from pydantic import Field
+
+from guard._limits import LimitsModel, PosInt
 from guard.checks._media import is_strict_base64, sniff_image
-from guard.checks._parts import PartKind, classify_part, iter_parts, media_payload
+from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import GuardError, LimitExceeded
-from guard.policy._models import MultimodalPolicy, Policy
-from guard.request_view import RequestView
+from guard.request import (
+    PartKind,
+    Path,
+    RequestView,
+    classify_part,
+    fmt_path,
+    iter_parts,
+    media_payload,
+)
 
-__all__ = ["MEDIA_TYPES", "check_multimodal"]
+__all__ = ["MEDIA_TYPES", "MultimodalLimits", "MultimodalReads", "check_multimodal"]
+
+
+class MultimodalLimits(LimitsModel):
+    max_media_parts: PosInt = Field(
+        default=16,
+        description="Most media content parts (`image_url`, `video_url`, `audio_url`, "
+        "`input_audio`, `input_image`, `file`, ...) in one request, recognised as vLLM does: by "
+        "the part's type, or by its first media key when it has a `uuid` or no `type`.",
+    )
+    max_data_url_bytes: PosInt = Field(
+        default=1_048_576,
+        description="Longest `data:` URL or inline base64 media (`input_audio.data`), in "
+        "bytes. `limits.json.max_string_bytes` also applies.",
+    )
+    max_frames_per_data_url: PosInt = Field(
+        default=64,
+        description="Most frames in one `video/jpeg` data URL (vLLM's comma-separated base64 "
+        "images; it decodes the first 32). Every frame is sized like an image.",
+    )
+    max_image_pixels: PosInt = Field(
+        default=25_000_000,
+        description="Largest width x height of an inline image or video frame, read from its "
+        "header without decoding it (a tiny file can declare huge dimensions), whatever MIME "
+        "type the data URL declares (vLLM ignores it). PNG, JPEG, GIF, BMP and WebP are sized; "
+        "other formats are refused (`image_format_not_supported`). Pillow warns at 89 M, "
+        "vLLM refuses over 179 M.",
+    )
+    max_total_pixels: PosInt = Field(
+        default=100_000_000,
+        description="Most pixels of all inline images and video frames of one request "
+        "together (`media_pixels_exceeded`): the upstream decodes them all (3 bytes a pixel "
+        "in RGB: 300 MB at the default).",
+    )
+    allow_remote_urls: bool = Field(
+        default=True,
+        description="Accept `http(s)://` media URLs (the upstream fetches them; the guard "
+        "cannot size them). Other schemes (`file:`, ...) and URLs with spaces or control "
+        "characters (llama-cpp-python's `urlopen` strips them) are always refused. Set it to "
+        "`false` in front of llama-cpp-python, which opens any non-`data:` URL with `urlopen` "
+        "(no timeout, no size cap), or of a vLLM without `--allowed-media-domains`.",
+    )
+    allow_encoded_video: bool = Field(
+        default=False,
+        description="Accept inline video that is not `video/jpeg` frames (mp4, webm, ...). "
+        "Refused by default (`video_format_not_supported`): the guard does not parse "
+        "containers, and vLLM's OpenCV loader grabs every frame up to the last one sampled, so "
+        "1 MB of video can decode thousands of frames.",
+    )
+    allow_media_uuid: bool = Field(
+        default=False,
+        description="Accept a `uuid` on content parts. Refused by default "
+        "(`media_uuid_not_allowed`): vLLM uses it instead of the content hash as the key of "
+        "its media caches, so one tenant can reuse or poison what another sent, and a part "
+        "with a `uuid` and no data costs media the guard cannot size.",
+    )
+
 
 # Part types counted as media when vLLM reads them by type (and those other servers read).
 MEDIA_TYPES = frozenset(
@@ -93,13 +158,20 @@ _AUDIO_FORMAT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,31}")
 
 @dataclass(slots=True)
 class _Request:
-    limits: MultimodalPolicy
+    limits: MultimodalLimits
     parts: int = 0
     pixels: int = 0
 
 
+class MultimodalReads(Protocol):
+    """The limit sets the multimodal check reads."""
+
+    @property
+    def multimodal(self) -> MultimodalLimits: ...
+
+
 @pure_check
-def check_multimodal(view: RequestView, policy: Policy) -> CheckResult | None:
+def check_multimodal(view: RequestView, policy: PolicyView[MultimodalReads]) -> CheckResult | None:
     body = view.obj
     if body is None:
         return None
@@ -196,7 +268,7 @@ def _size(text: str, limit: int) -> int:
     return n
 
 
-def _check_size(value: str, param: str, limits: MultimodalPolicy) -> None:
+def _check_size(value: str, param: str, limits: MultimodalLimits) -> None:
     size = _size(value, limits.max_data_url_bytes)
     if size > limits.max_data_url_bytes:
         raise LimitExceeded(

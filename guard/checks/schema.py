@@ -19,16 +19,68 @@ models reject (it answers those with a 500) is refused too: ``unsupported_by_ups
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal, Protocol
 
+from pydantic import Field
+
+from guard._limits import LimitsModel
 from guard.checks import _schema_fields as fields
 from guard.checks._cost_fields import check_cost_fields
 from guard.checks._llamacpp import check_llama_cpp_shapes
+from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import GuardError
-from guard.policy._models import Policy
-from guard.request_view import Endpoint, RequestView
+from guard.request import Endpoint, RequestView
 
-__all__ = ["check_schema"]
+__all__ = ["DENIED_FIELDS", "SchemaLimits", "SchemaReads", "check_schema"]
+
+
+# The default `limits.schema.denied_fields` (reasons in its description).
+DENIED_FIELDS: tuple[str, ...] = (
+    "logits_processors",
+    "mm_processor_kwargs",
+    "media_io_kwargs",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "vllm_xargs",
+    "request_id",
+    "session_id",
+    "prompt_embeds",
+    "return_prompt_text",
+    "previous_response_id",
+    "previous_input_messages",
+)
+
+
+class SchemaLimits(LimitsModel):
+    unknown_fields: Literal["allow", "reject"] = Field(
+        default="allow",
+        description="Fields the guard does not know (OpenAI's, vLLM's, SGLang's, TGI's and "
+        "llama.cpp's common parameters are known): `allow` forwards them (OpenAI SDKs send "
+        "new parameters first), `reject` refuses the request (`unknown_field`), so that no "
+        "parameter the guard cannot check reaches the upstream.",
+    )
+    extra_known_fields: tuple[str, ...] = Field(
+        default=(),
+        description="More top-level field names to treat as known (with `reject`): the "
+        "upstream's own extensions you accept unchecked.",
+    )
+    denied_fields: tuple[str, ...] = Field(
+        default=DENIED_FIELDS,
+        description="Top-level fields refused whatever their value, in every `unknown_fields` "
+        "mode (`field_not_allowed`): vLLM 0.32's fields that reach code, caches or limits "
+        "behind the guard (the table of vLLM's cost fields above). `logits_processors` names "
+        "code for vLLM to load; `mm_processor_kwargs` and `media_io_kwargs` override the "
+        "media processor and loader (frames, pixels) behind the multimodal caps; "
+        "`kv_transfer_params` (its `prompt_token_ids` replace the rendered prompt, past the "
+        "token count), `ec_transfer_params` and `vllm_xargs` go to the engine and its plugins; "
+        "a client `request_id` names the stored response on the Responses API (another "
+        "tenant's, when it collides) and `session_id` routes; `prompt_embeds` is up to 2 GiB "
+        "of tensor; `return_prompt_text` returns the server-side template and system prompt; "
+        "`previous_response_id` and `previous_input_messages` replay server-stored history "
+        "the guard never counted. Remove one only if a trusted client needs it.",
+    )
+
 
 _TABLES: dict[Endpoint, Mapping[str, fields.Validator]] = {
     "chat": fields.CHAT,
@@ -51,8 +103,15 @@ def _shown(name: str) -> str:
     return name if len(name) <= 64 else name[:64] + "..."
 
 
+class SchemaReads(Protocol):
+    """The limit sets the schema check reads."""
+
+    @property
+    def schema_(self) -> SchemaLimits: ...
+
+
 @pure_check
-def check_schema(view: RequestView, policy: Policy) -> CheckResult | None:
+def check_schema(view: RequestView, policy: PolicyView[SchemaReads]) -> CheckResult | None:
     body = view.body
     if body is None and view.method in ("GET", "HEAD", "DELETE"):
         return None

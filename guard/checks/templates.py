@@ -3,7 +3,7 @@
 - ``prompt_template`` and every ``template_vars`` value: balanced ``{{``/``}}`` and nesting
   within ``limits.templates.max_depth`` (one linear scan each, :mod:`guard.template_scan`);
   then, through the variables, the depth and a bound on the expansion (characters and
-  placeholders expanded) computed without expanding (:mod:`guard.checks._placeholders`).
+  placeholders expanded) computed without expanding (:func:`guard.prompt.bound_expansion`).
 - ``chat_template`` at the top level or inside ``chat_template_kwargs``, on any endpoint:
   refused unless ``allow_request_chat_template``; then scanned, compiled in the hardened
   sandbox and (``render_request_chat_template``) rendered with the request's messages under the
@@ -18,29 +18,130 @@ Codes: ``template_depth_exceeded``, ``template_unbalanced``, ``template_expansio
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Protocol
 
+from pydantic import Field, field_validator
+from pydantic.dataclasses import dataclass
+
+from guard._limits import LIMITS_CONFIG, LimitsModel, PosFloat, PosInt
 from guard.budget import Budget, Limits
-from guard.checks._jsonsize import indent4_size
-from guard.checks._placeholders import Source, bound_expansion, parse_source
+from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, pure_check
-from guard.checks._template_source import load_chat_template
+from guard.checks._tokens_limits import TokensLimits
 from guard.errors import GuardError, LimitExceeded, TemplateError
 from guard.jinja import (
     CODE_INVALID,
     CODE_KWARG_NOT_ALLOWED,
+    COMMON_TEMPLATE_KWARGS,
     RESERVED_TEMPLATE_KWARGS,
+    ChatTemplateLimits,
     check_request_template_fields,
     compile_chat_template,
     render_chat_template,
     template_variables,
 )
-from guard.policy._models import Policy, TemplatesPolicy
-from guard.request_view import RequestView
+from guard.prompt import Source, bound_expansion, indent4_size, load_chat_template, parse_source
+from guard.request import RequestView
 from guard.template_scan import check_template
 from guard.tokens import get_counter
 
-__all__ = ["check_templates"]
+__all__ = ["RequestTemplateLimits", "TemplatesLimits", "TemplatesReads", "check_templates"]
+
+
+@dataclass(frozen=True, config=LIMITS_CONFIG)
+class RequestTemplateLimits(ChatTemplateLimits):
+    """The sandbox's limits for request chat templates: the library's, with the hardened
+    scheduler's render deadline instead of its 1 s."""
+
+    deadline_s: PosFloat | None = Field(
+        default=0.25,
+        description="Seconds one validation render may take (the hardened scheduler's render "
+        "deadline; the library default is 1 s). `null`: none.",
+    )
+
+
+class TemplatesLimits(LimitsModel):
+    max_depth: int = Field(
+        default=8,
+        strict=True,
+        ge=1,
+        le=64,
+        description="Deepest `{{ }}` placeholder nesting in `prompt_template` and "
+        "`template_vars` values, through variables too (the seed's patch: 8).",
+    )
+    max_expansion_chars: PosInt = Field(
+        default=65_536,
+        description="Most characters `prompt_template` may expand to with `template_vars`, "
+        "bounded before any expansion (billion-laughs variables stop here). 64 KiB is about 8 "
+        "times a 2048-token prompt.",
+    )
+    max_expansions: PosInt = Field(
+        default=16_384,
+        description="Most placeholder expansions in one `prompt_template` (the hardened "
+        "scheduler's step budget).",
+    )
+    allow_request_chat_template: bool = Field(
+        default=False,
+        description="Accept `chat_template` (top level or in `chat_template_kwargs`) from "
+        "requests. Refused by default, as vLLM does without `--trust-request-chat-template`; "
+        "when allowed, each is scanned, compiled and rendered in the hardened sandbox.",
+    )
+    render_request_chat_template: bool = Field(
+        default=True,
+        description="When request templates are allowed: render each with the request's "
+        "messages under `chat_template` limits and `limits.tokens.max_prompt_tokens` before "
+        "forwarding (else only scan and compile it).",
+    )
+    chat_template_kwargs_allowlist: tuple[str, ...] = Field(
+        default=tuple(sorted(COMMON_TEMPLATE_KWARGS)),
+        description="`chat_template_kwargs` keys accepted whatever the template: the switches "
+        "the chat templates of common open-weight models read (Qwen 3, GLM 4.5, Gemma 4 and "
+        "SmolLM 3's `enable_thinking`; DeepSeek V3.1 and Granite's `thinking`; gpt-oss's "
+        "`reasoning_effort`, `model_identity`, `builtin_tools`; Llama 3.1's "
+        "`tools_in_user_message`, `date_string`, `builtin_tools`, `custom_tools`; Command R's "
+        "`citation_mode`, `safety_mode`; Granite 3.3's `controls`; Qwen2-VL's "
+        "`add_vision_id`; SmolLM 3's `xml_tools`, `python_tools`), `documents` (Command R's "
+        "and Granite's RAG documents, as granite-io and vLLM's examples send them), and "
+        "`add_generation_prompt`, `continue_final_message`. The reserved names (below) may not "
+        "be listed.",
+    )
+    chat_template_kwargs_from_template: bool = Field(
+        default=True,
+        description="Also accept every variable the upstream's chat template reads "
+        "(`limits.tokens.chat_template`, configured or found next to the tokenizer), taken "
+        "from its syntax tree as vLLM takes them (`jinja2.meta.find_undeclared_variables`). "
+        "Never accepted, whatever the template reads, are the names that change what the "
+        "server does rather than what the template prints: `chat_template` (see "
+        "`allow_request_chat_template`), `tokenize` (vLLM GHSA-69j4-grxj-j64p), "
+        "`conversation`, `messages`, `tools` (use the top-level fields), the "
+        "tokenizer arguments of `apply_chat_template` (`padding`, `truncation`, `max_length`, "
+        "`return_tensors`, `return_dict`, `return_assistant_tokens_mask`, "
+        "`tokenizer_kwargs`, `processor_kwargs`, `mm_processor_kwargs`), the special tokens "
+        "(`bos_token`, `eos_token`, ...) and the functions and Jinja globals templates call "
+        "(`raise_exception`, `strftime_now`, `range`, `namespace`, ...).",
+    )
+    max_chat_template_kwargs_bytes: PosInt = Field(
+        default=16_384,
+        description="Most bytes of all `chat_template_kwargs` values together, weighed as "
+        "indent-4 JSON as the prompt count weighs them (`chat_template_kwarg_not_allowed` "
+        "beyond): strings, numbers, and the lists and objects some templates read "
+        "(`builtin_tools`, `controls`). `documents` is content, not a switch: it is not held "
+        "to this cap but counted in the prompt's tokens, as every value here is.",
+    )
+    chat_template: RequestTemplateLimits = Field(
+        default_factory=lambda: RequestTemplateLimits(),
+        description="Limits of the hardened sandbox for request chat templates.",
+    )
+
+    @field_validator("chat_template_kwargs_allowlist")
+    @classmethod
+    def _no_dangerous_kwargs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            reason = RESERVED_TEMPLATE_KWARGS.get(name)
+            if reason is not None:
+                raise ValueError(f"{name[:64]!r} may not be allowlisted: {reason}")
+        return value
+
 
 TEMPLATE_EXPANSION_EXCEEDED = "template_expansion_exceeded"
 
@@ -49,8 +150,18 @@ def _shown(name: str) -> str:
     return name if len(name) <= 64 else name[:64] + "..."
 
 
+class TemplatesReads(Protocol):
+    """The limit sets the templates check reads."""
+
+    @property
+    def templates(self) -> TemplatesLimits: ...
+
+    @property
+    def tokens(self) -> TokensLimits: ...
+
+
 @pure_check
-def check_templates(view: RequestView, policy: Policy) -> CheckResult | None:
+def check_templates(view: RequestView, policy: PolicyView[TemplatesReads]) -> CheckResult | None:
     body = view.obj
     if body is None:
         return None
@@ -61,7 +172,7 @@ def check_templates(view: RequestView, policy: Policy) -> CheckResult | None:
 
 
 def _check_prompt_template(
-    body: dict[str, Any], limits: TemplatesPolicy, costs: dict[str, int]
+    body: dict[str, Any], limits: TemplatesLimits, costs: dict[str, int]
 ) -> None:
     template = body.get("prompt_template")
     variables = body.get("template_vars")
@@ -114,7 +225,9 @@ def _check_prompt_template(
     costs["template_expansions"] = bound.expansions
 
 
-def _check_chat_template(body: dict[str, Any], policy: Policy, costs: dict[str, int]) -> None:
+def _check_chat_template(
+    body: dict[str, Any], policy: PolicyView[TemplatesReads], costs: dict[str, int]
+) -> None:
     limits = policy.limits.templates
     template = body.get("chat_template")
     kwargs = body.get("chat_template_kwargs")
@@ -152,7 +265,7 @@ def _check_chat_template(body: dict[str, Any], policy: Policy, costs: dict[str, 
 _CONTENT_KWARGS = frozenset({"documents"})
 
 
-def _check_kwargs(kwargs: dict[str, Any], policy: Policy) -> None:
+def _check_kwargs(kwargs: dict[str, Any], policy: PolicyView[TemplatesReads]) -> None:
     """Each key accepted (the allowlist, or a variable the upstream's template reads; never a
     reserved name) and the values' size within the cap."""
     limits = policy.limits.templates
@@ -191,7 +304,7 @@ def _check_kwargs(kwargs: dict[str, Any], policy: Policy) -> None:
             )
 
 
-def _template_reads(policy: Policy) -> frozenset[str]:
+def _template_reads(policy: PolicyView[TemplatesReads]) -> frozenset[str]:
     """The variables the upstream's chat template reads (none when it is not known, or when
     the policy does not take kwargs from it)."""
     limits = policy.limits.templates
@@ -220,7 +333,7 @@ def _validate_chat_template(
     source: Any,
     body: dict[str, Any],
     kwargs: dict[str, Any],
-    policy: Policy,
+    policy: PolicyView[TemplatesReads],
     costs: dict[str, int],
 ) -> None:
     if not isinstance(source, str):

@@ -52,7 +52,7 @@ from guard.extproc._messages import (
 )
 from guard.gateway import Forward, Gateway
 from guard.http import HOP_BY_HOP, check_declared_body, usable_request_id
-from guard.request_view import invalid_path, upstream_query
+from guard.routing import invalid_path, upstream_query
 
 __all__ = ["AFTER_DONE_CHUNKS", "BODY_NOT_BUFFERED", "ExtProcStream", "ProtocolError"]
 

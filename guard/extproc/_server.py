@@ -241,7 +241,7 @@ def run(policy: Policy, opts: ExtProcOptions, policy_path: str | None = None) ->
     import shutil
     import tempfile
 
-    from guard.telemetry._multiprocess import ENV as METRICS_DIR_ENV
+    from guard.telemetry import METRICS_DIR_ENV
 
     made = None
     metrics_dir = os.environ.get(METRICS_DIR_ENV)

@@ -5,7 +5,7 @@ pooled upstream client, SSE relay and client-disconnect hooks.
 from __future__ import annotations
 
 from guard.errors import ClientDisconnected, UpstreamError
-from guard.http._client import UpstreamConfig
+from guard.http._client import UpstreamConfig, UpstreamKind
 from guard.http._connections import (
     ConnectionLimits,
     raise_nofile_limit,
@@ -24,6 +24,7 @@ from guard.http._framing import (
     usable_request_id,
 )
 from guard.http._protocol import (
+    GuardHttpToolsProtocol,
     configure,
     head_refusals,
     protocol_with,
@@ -52,11 +53,13 @@ __all__ = [
     "ConnectionLimits",
     "DisconnectHook",
     "FramingLimits",
+    "GuardHttpToolsProtocol",
     "RequestHead",
     "SseRelay",
     "Upstream",
     "UpstreamConfig",
     "UpstreamError",
+    "UpstreamKind",
     "UpstreamResponse",
     "check_declared_body",
     "configure",

@@ -45,6 +45,7 @@ __all__ = [
     "ConnectionPool",
     "PooledResponse",
     "UpstreamConfig",
+    "UpstreamKind",
 ]
 
 # Buffered response bytes above which the socket is not read until the consumer catches up.
@@ -60,6 +61,8 @@ class _StaleConnection(ResponseBroken):
     signal inside the pool, never raised out of it)."""
 
 
+# What the upstream is (``upstream.kind`` once ``auto`` is decided).
+UpstreamKind = Literal["vllm", "llama_cpp", "other"]
 # Request headers through which a client steers vLLM's scheduler, routing or answers.
 UPSTREAM_CONTROL_HEADERS: tuple[str, ...] = (
     "x-vllm-priority",
@@ -106,7 +109,7 @@ class UpstreamConfig:
         description="Pooled keep-alive connections to the upstream, at most; as many as the "
         "upstream's concurrent requests (vLLM's default `max_num_seqs` is 256).",
     )
-    kind: Literal["auto", "vllm", "llama_cpp", "other"] = Field(
+    kind: Literal["auto", UpstreamKind] = Field(
         default="auto",
         description="What the upstream is, for what the guard knows of the requests it "
         "accepts: `vllm`, `llama_cpp` (llama-cpp-python 0.3.36's server: every request its "

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from guard.errors import ConnectFailed, GuardError, TransportError, UpstreamError
 from guard.http._client import (
@@ -33,6 +33,7 @@ from guard.http._client import (
     ConnectionPool,
     PooledResponse,
     UpstreamConfig,
+    UpstreamKind,
 )
 
 __all__ = [
@@ -356,7 +357,7 @@ def serves_vllm(models: Any) -> bool:
     return all(isinstance(entry, dict) and entry.get("owned_by") == "vllm" for entry in data)
 
 
-def upstream_kind_of(models: Any) -> Literal["vllm", "llama_cpp", "other"]:
+def upstream_kind_of(models: Any) -> UpstreamKind:
     """What served a ``/v1/models`` document: ``vllm`` (every entry ``owned_by: vllm``),
     ``llama_cpp`` (every entry ``owned_by: me``, llama-cpp-python's ``get_models``) or
     ``other``."""

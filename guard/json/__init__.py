@@ -8,10 +8,12 @@ from guard.json._reader import (
     JsonLimits,
     json_depth,
     parse_json_body,
+    scan_json_body,
 )
 
 __all__ = [
     "JsonLimits",
     "json_depth",
     "parse_json_body",
+    "scan_json_body",
 ]

@@ -47,7 +47,7 @@ from guard.errors import GuardError, LimitExceeded
 from guard.json import _locate as locate
 from guard.json import _pattern as pattern
 
-__all__ = ["JsonLimits", "json_depth", "parse_json_body"]
+__all__ = ["JsonLimits", "json_depth", "parse_json_body", "scan_json_body"]
 
 _REPEAT_MAX = 2**31 - 1  # well under the regex engine's repeat limit
 # A refusal further into the body than this is not named by its path: the path walk re-reads
@@ -137,6 +137,31 @@ def parse_json_body(body: bytes, limits: JsonLimits, max_body_bytes: int | None 
             "invalid_utf8", f"request body is not valid UTF-8 at byte {exc.start}"
         ) from None
 
+    scan, structure = _scanned(body, limits)
+    value = _parse(text, scan, body, limits, structure)
+
+    if limits.max_keys_per_object > limits.max_array_length:
+        long_array = locate.long_array_path(value, limits.max_array_length)
+        if long_array is not None:
+            path, length = long_array
+            raise LimitExceeded(
+                "json_array_too_long",
+                f"JSON array of {length} elements exceeds the limit of {limits.max_array_length}"
+                f" at {locate.format_path(path) or '$'}",
+                param=locate.format_path(path),
+            )
+    return value
+
+
+def scan_json_body(body: bytes, limits: JsonLimits) -> None:
+    """Step 2 of :func:`parse_json_body` alone (a lone surrogate escape, then the scans before
+    parsing): raises what the body's structure crosses first; neither UTF-8 nor the JSON
+    grammar is checked."""
+    _scanned(body, limits)
+
+
+def _scanned(body: bytes, limits: JsonLimits) -> tuple[bytes, pattern.StructureScan]:
+    """The scans before parsing; the neutralised body and the structural scan, for the parse."""
     scan = pattern.neutralise(body)
     structure = _structure(limits)
     lone = pattern.find_lone_surrogate(scan)
@@ -171,20 +196,7 @@ def parse_json_body(body: bytes, limits: JsonLimits, max_body_bytes: int | None 
     if stop == container:
         what = f"JSON body exceeds the limit of {limits.max_containers} arrays and objects"
         _refuse(LimitExceeded, "json_too_many_containers", what, container, scan, body, structure)
-
-    value = _parse(text, scan, body, limits, structure)
-
-    if limits.max_keys_per_object > limits.max_array_length:
-        long_array = locate.long_array_path(value, limits.max_array_length)
-        if long_array is not None:
-            path, length = long_array
-            raise LimitExceeded(
-                "json_array_too_long",
-                f"JSON array of {length} elements exceeds the limit of {limits.max_array_length}"
-                f" at {locate.format_path(path) or '$'}",
-                param=locate.format_path(path),
-            )
-    return value
+    return scan, structure
 
 
 def _within_structure_limits(scan: bytes, limits: JsonLimits, openers: int | None = None) -> bool:

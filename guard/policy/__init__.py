@@ -15,10 +15,10 @@ typed::
     SCHEDGUARD_KEYS='[{key_sha256: 9f86d0..., tenant: team-a}]'
 
 Every field is documented in docs/POLICY.md (generated from the field descriptions by
-``python -m guard.policy --markdown``). The sections the guard's code reads are its limit sets
-(:class:`~guard.http.FramingLimits`, :class:`~guard.json.JsonLimits`,
-:class:`~guard.guided.GuidedLimits`, :class:`RequestTemplateLimits`,
-:class:`~guard.http.UpstreamConfig`, :class:`RatePolicy`), declared once next to that code.
+``python -m guard.policy --markdown``). The sections the guard's code reads are its limit sets,
+declared once next to that code: each check's beside the check (:class:`~guard.checks.TokensLimits`,
+...), :class:`~guard.http.FramingLimits`, :class:`~guard.json.JsonLimits`,
+:class:`~guard.guided.GuidedLimits`, :class:`~guard.http.UpstreamConfig`, :class:`RatePolicy`.
 """
 
 from guard.errors import PolicyError
@@ -30,46 +30,30 @@ from guard.policy._load import (
     policy_to_yaml,
 )
 from guard.policy._models import (
-    ANONYMOUS_TENANT,
     BASE_ROUTES,
-    CHECK_NAMES,
-    DEFAULT_CONTEXT_LENGTH,
-    FanoutPolicy,
+    AdminPolicy,
     KeyEntry,
     LimitsPolicy,
-    MultimodalPolicy,
     ObservabilityPolicy,
     Policy,
     RateOverrides,
     RatePolicy,
-    RequestTemplateLimits,
-    SchemaPolicy,
-    TemplatesPolicy,
-    TokensPolicy,
     key_digest,
 )
 
 __all__ = [
-    "ANONYMOUS_TENANT",
     "BASE_ROUTES",
-    "CHECK_NAMES",
-    "DEFAULT_CONTEXT_LENGTH",
     "ENV_PREFIX",
     "ENV_SEPARATOR",
     "OTHER_VARIABLES",
-    "FanoutPolicy",
+    "AdminPolicy",
     "KeyEntry",
     "LimitsPolicy",
-    "MultimodalPolicy",
     "ObservabilityPolicy",
     "Policy",
     "PolicyError",
     "RateOverrides",
     "RatePolicy",
-    "RequestTemplateLimits",
-    "SchemaPolicy",
-    "TemplatesPolicy",
-    "TokensPolicy",
     "default_policy",
     "key_digest",
     "load_policy",

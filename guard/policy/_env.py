@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from guard.errors import PolicyError
+from guard.policy._models import Policy, is_section, section_fields
 
 ENV_PREFIX = "SCHEDGUARD_"
 ENV_SEPARATOR = "__"
@@ -39,25 +40,23 @@ OTHER_VARIABLES: Mapping[str, str] = {
 
 def _field_paths(model: type, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """Every path a variable may set: each field of the policy, sections and their fields."""
-    from guard.policy._models import is_section, section_fields
-
     for name, field in section_fields(model).items():
         path = (*prefix, field.alias or name)
         yield path
-        section = _section_in(field.annotation, is_section)
+        section = _section_in(field.annotation)
         if section is not None:
             yield from _field_paths(section, path)
 
 
-def _section_in(annotation: Any, is_section: Any) -> type | None:
+def _section_in(annotation: Any) -> type | None:
     """The section an annotation holds as a value (``X``, ``X | None``), if any; a list of
     sections (``keys``) is set whole."""
     if is_section(annotation):
-        return annotation  # type: ignore[no-any-return]
+        return annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         for arg in typing.get_args(annotation):
             if is_section(arg):
-                return arg  # type: ignore[no-any-return]
+                return arg
     return None
 
 
@@ -68,8 +67,6 @@ def variable_for(path: tuple[str, ...]) -> str:
 @functools.cache
 def policy_variables() -> dict[str, tuple[str, ...]]:
     """Every valid policy override variable and the field path it sets."""
-    from guard.policy._models import Policy
-
     return {variable_for(path): path for path in _field_paths(Policy)}
 
 

@@ -23,6 +23,8 @@ from pydantic_core import ErrorDetails
 from guard.errors import PolicyError
 from guard.policy._env import apply_env
 from guard.policy._models import Policy, is_section, model_dump_for, section_fields
+from guard.prompt import check_chat_template_source
+from guard.tokens import get_counter
 
 # -- YAML ---------------------------------------------------------------------------------------
 
@@ -132,7 +134,7 @@ def _message(error: ErrorDetails) -> str:
 def _model_in(annotation: Any) -> type | None:
     """The section class an annotation holds (``X``, ``X | None``, ``tuple[X, ...]``), if any."""
     if is_section(annotation):
-        return annotation  # type: ignore[no-any-return]
+        return annotation
     if typing.get_origin(annotation) in (
         typing.Union,
         types.UnionType,
@@ -239,13 +241,15 @@ _DEFAULT = Policy()
 
 
 def _check_tokenizer(policy: Policy, origins: Mapping[str, str], source: str | None) -> None:
-    from guard.checks._template_source import check_chat_template_source
-    from guard.tokens import get_counter
-
     tokens = policy.limits.tokens
+    sandbox = policy.limits.templates.chat_template
     for name, spec, load in (
         ("tokenizer", tokens.tokenizer, lambda: get_counter(tokens.tokenizer)),
-        ("chat_template", tokens.chat_template, lambda: check_chat_template_source(policy)),
+        (
+            "chat_template",
+            tokens.chat_template,
+            lambda: check_chat_template_source(tokens.chat_template, tokens.tokenizer, sandbox),
+        ),
     ):
         try:
             load()

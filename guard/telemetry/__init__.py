@@ -11,6 +11,7 @@ from guard.telemetry._metrics import (
     CONTENT_TYPE,
     GuardMetrics,
 )
+from guard.telemetry._multiprocess import METRICS_DIR_ENV, SYNC_INTERVAL_S, wipe_metrics_dir
 from guard.telemetry._tracing import (
     RequestSpan,
     Tracing,
@@ -21,6 +22,8 @@ from guard.telemetry._tracing import (
 __all__ = [
     "CONTENT_TYPE",
     "LOGGER_NAME",
+    "METRICS_DIR_ENV",
+    "SYNC_INTERVAL_S",
     "AccessLog",
     "GuardMetrics",
     "RequestFields",
@@ -28,4 +31,5 @@ __all__ = [
     "Tracing",
     "make_tracing",
     "otel_requested",
+    "wipe_metrics_dir",
 ]

@@ -335,7 +335,7 @@ class GuardMetrics:
 
     def sync(self) -> None:
         """With workers: copy this process's series into its files (the app does every
-        :data:`~guard.telemetry._multiprocess.SYNC_INTERVAL_S`)."""
+        :data:`SYNC_INTERVAL_S`)."""
         if self._files is not None:
             self._files.sync()
 

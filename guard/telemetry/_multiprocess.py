@@ -33,9 +33,16 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.registry import Collector
 
-__all__ = ["ENV", "SYNC_INTERVAL_S", "FileExport", "forget_dead_workers", "wipe"]
+__all__ = [
+    "METRICS_DIR_ENV",
+    "SYNC_INTERVAL_S",
+    "FileExport",
+    "forget_dead_workers",
+    "wipe_metrics_dir",
+]
 
-ENV = "PROMETHEUS_MULTIPROC_DIR"
+# The directory the workers share, as prometheus_client names it.
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SYNC_INTERVAL_S = 1.0
 
 # How each gauge combines across workers (prometheus_client's multiprocess modes); a gauge not
@@ -143,7 +150,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def wipe(directory: str) -> int:
+def wipe_metrics_dir(directory: str) -> int:
     """Remove the series files a previous run left in ``directory`` (prometheus_client's advice:
     wipe the directory before the workers start); returns how many."""
     removed = 0

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from loadtests.chat_accounting import post_json
-from schedguard._servers import RunningServer
+from schedguard.servers import RunningServer
 from tests._guard_process import guard_spec, start
 from tests.e2e.conftest import RunningUpstream, start_upstream
 

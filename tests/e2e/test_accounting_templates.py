@@ -31,7 +31,7 @@ from loadtests.chat_accounting import (
     separate_template,
     summarize,
 )
-from schedguard._servers import RunningServer
+from schedguard.servers import RunningServer
 from tests._guard_process import guard_spec, start
 from tests.e2e.conftest import RunningUpstream, start_upstream
 

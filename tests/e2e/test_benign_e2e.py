@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from payloads import Payload, load_corpus
-from schedguard._servers import RunningServer
+from schedguard.servers import RunningServer
 from tests._guard_process import guard_spec, start
 from tests.e2e.conftest import RunningUpstream
 

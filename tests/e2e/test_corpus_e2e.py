@@ -38,7 +38,7 @@ from loadtests.upstream_corpus import (
 )
 from payloads import load_corpus
 from payloads.loader import Payload
-from schedguard._servers import RunningServer
+from schedguard.servers import RunningServer
 from tests._guard_process import guard_spec, start
 from tests._support import free_port
 from tests.e2e.conftest import RunningUpstream

@@ -17,7 +17,7 @@ import pytest
 from guard.checks.tokens import OUTPUT_OVERSHOOT
 from guard.tokens import get_counter
 from loadtests.chat_accounting import post_json
-from schedguard._servers import RunningServer
+from schedguard.servers import RunningServer
 from tests._guard_process import guard_spec, start
 from tests.e2e.conftest import RunningUpstream
 

@@ -19,7 +19,7 @@ import pytest
 
 from loadtests.chat_accounting import post_json
 from payloads import load_corpus
-from schedguard._servers import RunningServer
+from schedguard.servers import RunningServer
 from tests._guard_process import guard_spec, start
 from tests.e2e.conftest import RunningUpstream
 

@@ -20,7 +20,7 @@ from typing import Any
 import openai
 import pytest
 
-from schedguard._servers import RunningServer
+from schedguard.servers import RunningServer
 from tests._guard_process import guard_spec, start
 from tests.e2e.conftest import RunningUpstream
 

@@ -22,7 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from openai.types.chat import ChatCompletion
 from tokenizers import Tokenizer
 
-from schedguard._servers import RunningServer
+from schedguard.servers import RunningServer
 from tests._guard_process import guard_spec, start
 from tests.e2e.conftest import ROOT, RunningUpstream
 

@@ -7,7 +7,6 @@ the oracle's limited worker when an artifact is confirmed).
 
 from __future__ import annotations
 
-import ast
 import random
 import re
 import subprocess
@@ -273,32 +272,3 @@ def test_public_api_resolves_without_loading_the_targets() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=lf.PROJECT_ROOT, check=True)
     assert all(getattr(fuzz, name) is not None for name in fuzz.__all__)
     assert all(getattr(payloads, name) is not None for name in payloads.__all__)
-
-
-def test_fuzz_and_payloads_import_no_cycles() -> None:
-    """Module imports (lazy and type-only ones included) form no cycle in either package."""
-    edges: dict[str, set[str]] = {}
-    for package in ("fuzz", "payloads"):
-        for path in sorted((lf.PROJECT_ROOT / package).rglob("*.py")):
-            parts = path.relative_to(lf.PROJECT_ROOT).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            edges[name] = set()
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    edges[name] |= {a.name for a in node.names}
-                elif isinstance(node, ast.ImportFrom) and node.module:
-                    edges[name] |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
-    graph = {m: {t for t in targets if t in edges and t != m} for m, targets in edges.items()}
-
-    def reaches(start: str, goal: str) -> bool:
-        todo, seen = list(graph[start]), set()
-        while todo:
-            m = todo.pop()
-            if m == goal:
-                return True
-            if m not in seen:
-                seen.add(m)
-                todo.extend(graph[m])
-        return False
-
-    assert not [m for m in graph if reaches(m, m)]

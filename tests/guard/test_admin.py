@@ -17,7 +17,7 @@ import pytest
 
 from guard.app import create_app
 from guard.policy import PolicyError, policy_from_yaml
-from schedguard._servers import ServerSpec, schedguard_argv
+from schedguard.servers import ServerSpec, schedguard_argv
 from tests._guard_harness import fake_upstream, serve
 from tests._guard_process import start
 from tests._support import free_port

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from guard.app import create_app
 from guard.policy import policy_from_yaml
-from guard.request_view import MAX_MODEL_ID_BYTES, upstream_target
+from guard.routing import MAX_MODEL_ID_BYTES, upstream_target
 from tests._guard_harness import FakeUpstream, bound_socket, serve
 
 POLICY = policy_from_yaml("observability: {access_log: false}")

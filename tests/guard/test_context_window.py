@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 from guard.app import create_app
+from guard.checks import DEFAULT_CONTEXT_LENGTH
 from guard.http import max_model_len_of, upstream_kind_of
-from guard.policy import DEFAULT_CONTEXT_LENGTH, policy_from_yaml
+from guard.policy import policy_from_yaml
 from schedguard.cli import main as cli_main
 from tests._guard_harness import FakeUpstream, fake_upstream, serve
 

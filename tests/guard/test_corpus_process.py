@@ -23,8 +23,8 @@ import pytest
 
 from loadtests.upstream_corpus import corpus_routes
 from payloads.loader import Payload, load_corpus
-from schedguard._servers import RunningServer
 from schedguard.demo import ref_server
+from schedguard.servers import RunningServer
 from tests._corpus_client import FLOOD_KEYS, MAIN_KEY, Answer, corpus_policy, send, send_raw
 from tests._guard_process import guard_spec, start
 

@@ -19,8 +19,8 @@ import pytest
 
 from guard.app import create_app
 from guard.policy import policy_from_yaml
-from schedguard._servers import RunningServer, free_port, schedguard_argv
 from schedguard.demo import ref_server
+from schedguard.servers import RunningServer, free_port, schedguard_argv
 from tests._guard_harness import serve
 
 MODEL = "schedguard-ref"

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schedguard._servers import RunningServer
+from schedguard.servers import RunningServer
 from tests._guard_harness import fake_upstream
 from tests._guard_process import guard_spec, start
 from tests._redis_server import RedisServer, require_binary

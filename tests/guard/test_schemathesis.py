@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 import pytest
 
-from schedguard._servers import RunningServer
 from schedguard.demo import ref_server
+from schedguard.servers import RunningServer
 from tests._guard_process import guard_spec, start
 
 pytest.importorskip("schemathesis")

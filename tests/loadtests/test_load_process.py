@@ -2,7 +2,7 @@
 master with two workers) against a guard in front of the vulnerable reference scheduler.
 
 locust (and gevent's monkey-patching) only ever runs in subprocesses. The vulnerable upstream
-runs under RLIMIT_AS (schedguard._servers / guard.isolation). Runs are a few seconds each.
+runs under RLIMIT_AS (schedguard.servers / guard.isolation). Runs are a few seconds each.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 import loadtests
 from loadtests import report as load_report
-from schedguard._servers import RunningServer, ServerSpec, free_port, schedguard_argv
+from schedguard.servers import RunningServer, ServerSpec, free_port, schedguard_argv
 from tests import _chromium
 
 LOCUSTFILE = str(Path(loadtests.__file__).with_name("locustfile.py"))

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from guard.isolation import run_limited, spawn_limited_server, stop_server
-from schedguard._servers import RunningServer, ServerStartError, free_port, schedguard_argv
 from schedguard.cli import build_parser, main
 from schedguard.demo import ref_server
+from schedguard.servers import RunningServer, ServerStartError, free_port, schedguard_argv
 
 HAS_SERVER = importlib.util.find_spec("scheduler_ref.server") is not None
 needs_server = pytest.mark.skipif(not HAS_SERVER, reason="scheduler_ref.server not written yet")

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from schedguard._report import render_comparison, render_rows
-from schedguard._servers import ServerSpec
 from schedguard.demo import (
     DEPLOYMENTS,
     PAYLOADS,
@@ -23,6 +22,7 @@ from schedguard.demo import (
     run_demo,
     write_json,
 )
+from schedguard.servers import ServerSpec
 from tests._support import TESTS_DIR, live_descendants
 
 MiB = 1 << 20

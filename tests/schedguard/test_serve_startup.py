@@ -11,7 +11,7 @@ import httpx
 
 from guard.context_window import policy_summary
 from guard.policy import default_policy, policy_from_yaml
-from schedguard._servers import free_port, schedguard_argv
+from schedguard.servers import free_port, schedguard_argv
 from tests._guard_harness import fake_upstream
 
 

@@ -17,7 +17,7 @@ from guard.checks import check_fanout, check_schema
 from guard.checks._cost_fields import MAX_REPETITION_PATTERN
 from guard.pipeline import evaluate_body
 from guard.policy import default_policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.request import RequestView
 from tests._guard_harness import fake_upstream, serve
 
 P = default_policy()

@@ -9,7 +9,7 @@ import pytest
 
 from guard.checks import CheckResult, check_fanout
 from guard.policy import Policy, default_policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.request import RequestView
 
 P = default_policy()
 F = P.limits.fanout

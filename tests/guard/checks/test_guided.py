@@ -8,7 +8,7 @@ import pytest
 
 from guard.checks import check_guided
 from guard.policy import Policy, default_policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.request import RequestView
 
 P = default_policy()
 MSG = [{"role": "user", "content": "hi"}]

@@ -18,7 +18,7 @@ from guard.checks._llamacpp import check_llama_cpp_shapes
 from guard.errors import GuardError
 from guard.pipeline import evaluate_body
 from guard.policy import default_policy, policy_from_yaml
-from guard.request_view import Endpoint
+from guard.request import Endpoint
 
 LLAMA = policy_from_yaml("upstream: {kind: llama_cpp}")
 U = {"role": "user", "content": "hi"}

@@ -12,7 +12,7 @@ from guard.checks import CheckResult, check_multimodal
 from guard.checks._media import image_size
 from guard.errors import GuardError
 from guard.policy import Policy, default_policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.request import RequestView
 from tests._support import bytecodes
 from tests.guard.checks._images import (
     MAKERS,

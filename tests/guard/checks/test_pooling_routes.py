@@ -10,7 +10,7 @@ import pytest
 
 from guard.checks import check_fanout, check_multimodal, check_tokens
 from guard.policy import Policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.request import RequestView
 from guard.tokens import get_counter
 
 ROUTES = "routes: [/score, /v1/score, /rerank, /v1/rerank, /v2/rerank, /classify, /pooling]\n"

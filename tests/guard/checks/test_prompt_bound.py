@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from guard.checks import check_tokens
-from guard.checks._template_source import load_chat_template
-from guard.checks._vllm_chat import detect_content_format
 from guard.policy import Policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.prompt._template_source import load_chat_template
+from guard.prompt._vllm_chat import detect_content_format
+from guard.request import RequestView
 from tests._support import REPO_ROOT
 
 UPSTREAMS = REPO_ROOT / "scripts" / "upstreams"

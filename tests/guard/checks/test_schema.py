@@ -9,7 +9,7 @@ import pytest
 from guard.checks import check_schema
 from guard.errors import GuardError
 from guard.policy import Policy, default_policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.request import RequestView
 
 P = default_policy()
 REJECT = policy_from_yaml("limits: {schema: {unknown_fields: reject, extra_known_fields: [x_ok]}}")

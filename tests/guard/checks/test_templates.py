@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guard.checks import CheckResult, check_templates
-from guard.checks._placeholders import bound_expansion, parse_source
 from guard.errors import GuardError, PolicyError
 from guard.policy import Policy, default_policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.prompt._placeholders import bound_expansion, parse_source
+from guard.request import RequestView
 from guard.template_scan import scan_template
 from tests._support import peak_allocated
 

@@ -10,7 +10,7 @@ import pytest
 from guard.checks import CheckResult, Mutation, check_tokens
 from guard.errors import GuardError
 from guard.policy import Policy, default_policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.request import RequestView
 from guard.tokens import get_counter
 from tests._support import peak_allocated
 

@@ -53,10 +53,10 @@ def test_recursive_macros_repeat_as_a_loop_and_set_values_count_once() -> None:
 
 
 def test_a_bound_covers_a_real_render() -> None:
-    from guard.checks._render import render_count
-    from guard.checks._template_bound import loop_sizes, template_literal_tokens
-    from guard.checks._text import ChatInput
     from guard.jinja import ChatTemplateLimits
+    from guard.prompt._render import render_count
+    from guard.prompt._template_bound import loop_sizes, template_literal_tokens
+    from guard.prompt._units import ChatInput
     from guard.tokens import get_counter
 
     source = (

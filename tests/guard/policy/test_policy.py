@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 
 from guard.admission import ConcurrencyLimits, RateLimits
+from guard.checks import CHECK_NAMES
 from guard.guided import GuidedLimits
 from guard.http import FramingLimits, UpstreamConfig
 from guard.jinja import ChatTemplateLimits
 from guard.json import JsonLimits
 from guard.policy import (
-    ANONYMOUS_TENANT,
-    CHECK_NAMES,
     KeyEntry,
     Policy,
     PolicyError,
@@ -325,7 +324,6 @@ def test_keys_are_found_by_digest() -> None:
     assert p.keys_by_digest[key_digest("first-key-123")].tenant == "a"
     assert p.keys_by_digest[key_digest("second-key-456")].tenant == "b"
     assert "first-key-123" not in repr(p)
-    assert ANONYMOUS_TENANT == "anonymous"
 
 
 def test_rate_overrides_inherit_what_they_leave_out() -> None:

@@ -1,4 +1,4 @@
-"""Servers the demo (and later the load tests) start as capped child processes.
+"""Servers the commands, the benchmarks and the tests start as capped child processes.
 
 A :class:`ServerSpec` says how to start one server given the ports of all servers of its target
 (so a guard can point at its upstream); :class:`RunningServer` owns the process, its RSS sampler

@@ -1,4 +1,4 @@
-"""guard.checks._template_source: the special tokens come from the tokenizer, whatever file the
+"""guard.prompt._template_source: the special tokens come from the tokenizer, whatever file the
 chat template is read from (vLLM takes them from the tokenizer, not from the template's folder)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from guard.checks._render import render_count
-from guard.checks._template_source import load_chat_template, tokenizer_special_tokens
-from guard.checks._text import ChatInput
 from guard.jinja import ChatTemplateLimits
+from guard.prompt._render import render_count
+from guard.prompt._template_source import load_chat_template, tokenizer_special_tokens
+from guard.prompt._units import ChatInput
 from guard.tokens import get_counter
 
 TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"

@@ -28,9 +28,12 @@ from guard.jinja import (
     CODE_INVALID,
     CODE_NOT_ALLOWED,
     CODE_SECURITY,
+    ChatTemplateLimits,
     compile_chat_template,
     render_chat_template,
 )
+from guard.prompt._units import ChatInput
+from guard.prompt._vllm_chat import vllm_call
 
 __all__ = [
     "ChatTemplateSource",
@@ -286,19 +289,16 @@ def load_chat_template(spec: str | None, tokenizer: str) -> ChatTemplateSource |
 _SANDBOX_CODES = frozenset({CODE_SECURITY, CODE_NOT_ALLOWED, CODE_INVALID})
 
 
-def check_chat_template_source(policy: Any) -> ChatTemplateSource | None:
-    """Load, compile and render once the policy's chat template (for errors at start-up, naming
-    the file, not per request). The render is an ordinary chat as vLLM passes it: a template the
-    sandbox cannot render (an operation it refuses, a filter it lacks) is an error; one that
-    raises for this input (a RAG template without documents) is not."""
-    from guard.checks._text import ChatInput
-    from guard.checks._vllm_chat import vllm_call
-
-    tokens = policy.limits.tokens
-    source = load_chat_template(tokens.chat_template, tokens.tokenizer)
+def check_chat_template_source(
+    spec: str | None, tokenizer: str, sandbox: ChatTemplateLimits
+) -> ChatTemplateSource | None:
+    """Load, compile and render once the chat template ``spec`` names (for errors at start-up,
+    naming the file, not per request). The render is an ordinary chat as vLLM passes it: a
+    template the sandbox cannot render (an operation it refuses, a filter it lacks) is an error;
+    one that raises for this input (a RAG template without documents) is not."""
+    source = load_chat_template(spec, tokenizer)
     if source is None:
         return None
-    sandbox = policy.limits.templates.chat_template
     chat = ChatInput(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], {}
     )

@@ -1,83 +1,33 @@
-"""What the checks see of one request: its route, its caller's key, and a :class:`RequestView`
-of the parsed body with a few facts about it, built once.
+"""The front half's reading of a request's head: the route it is proxied as, the one method
+that route accepts, the path and query sent upstream, and the caller's API key.
 
-A :class:`RequestView` is immutable at its own level; its ``body`` is the parsed JSON, shared and
-never modified (checks return mutations as data instead). The caller's API key is resolved to a
-tenant (:func:`resolve_key`) before the body is parsed, so an unknown key costs no parsing.
+All of it is settled before the body is read, so a request for a path the guard does not proxy
+or with an unknown key costs no parsing. The view of the body the checks read is
+:class:`guard.request.RequestView`.
 """
 
 from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Literal
+from collections.abc import Container, Iterable
 from urllib.parse import quote
 
 from guard.errors import GuardError, NotFound
-from guard.policy._models import ANONYMOUS_TENANT, KeyEntry, Policy, key_digest
+from guard.policy import KeyEntry, Policy, key_digest
+from guard.request import HeadersLike, normalise_headers
 
 __all__ = [
-    "KEPT_HEADERS",
+    "MAX_MODEL_ID_BYTES",
     "MODEL_ROUTE",
-    "Endpoint",
-    "HeadersLike",
-    "RequestView",
-    "endpoint_of",
     "invalid_path",
     "method_of",
-    "normalise_headers",
     "resolve_key",
     "route_not_allowed",
     "route_of",
     "upstream_query",
     "upstream_target",
 ]
-
-# What a path serves. ``pooling``: vLLM's /classify and /pooling (``input`` or ``messages``, as
-# embeddings); ``score``: /score (pairs of ``text_1``/``text_2``, ``queries``/``documents``, ...);
-# ``rerank``: /rerank (a ``query`` against ``documents``).
-Endpoint = Literal[
-    "chat",
-    "completions",
-    "embeddings",
-    "pooling",
-    "score",
-    "rerank",
-    "responses",
-    "tokenize",
-    "models",
-    "other",
-]
-
-_ENDPOINTS: dict[str, Endpoint] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-    "/classify": "pooling",
-    "/pooling": "pooling",
-    "/score": "score",
-    "/v1/score": "score",
-    "/rerank": "rerank",
-    "/v1/rerank": "rerank",
-    "/v2/rerank": "rerank",
-    "/v1/responses": "responses",
-    "/tokenize": "tokenize",
-    "/v1/tokenize": "tokenize",
-    "/v1/models": "models",
-}
-
-# Headers a view keeps (lower case); everything else stays with the HTTP layer.
-KEPT_HEADERS = frozenset(
-    {"content-type", "content-encoding", "content-length", "x-request-id", "user-agent"}
-)
-# Longest header value kept (a request id or user agent beyond this is cut, not trusted).
-_MAX_KEPT_VALUE = 256
-
-HeadersLike = Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]]
-
 
 # The route label of /v1/models/<id> (the one proxied path that is a pattern).
 MODEL_ROUTE = "/v1/models/{model}"
@@ -159,23 +109,6 @@ def route_not_allowed(routes: Iterable[str]) -> NotFound:
     )
 
 
-def endpoint_of(path: str) -> Endpoint:
-    """The endpoint a path serves (the query string ignored)."""
-    return _ENDPOINTS.get(path.split("?", 1)[0], "other")
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode("latin-1") if isinstance(value, bytes) else value
-
-
-def normalise_headers(headers: HeadersLike) -> list[tuple[str, str]]:
-    """Header pairs with lower-case names, from a mapping or ASGI-style pairs."""
-    items: Iterable[tuple[str | bytes, str | bytes]] = (
-        headers.items() if isinstance(headers, Mapping) else headers
-    )
-    return [(_text(k).lower(), _text(v)) for k, v in items]
-
-
 def _bearer(pairs: list[tuple[str, str]]) -> str | None:
     """The bearer token, or None when absent; refuses ambiguous or malformed credentials."""
     values = [v for k, v in pairs if k == "authorization"]
@@ -217,60 +150,3 @@ def resolve_key(headers: HeadersLike, policy: Policy) -> KeyEntry | None:
     if entry is None or not hmac.compare_digest(entry.digest, digest):
         raise GuardError("invalid_api_key", "the API key is not valid", status=401)
     return entry
-
-
-@dataclass(frozen=True, slots=True)
-class RequestView:
-    """One request as the checks see it.
-
-    - ``body``: the parsed JSON (``None`` for an empty body); never modified;
-    - ``path`` (no query string), ``endpoint`` (what the path serves), ``method``;
-    - ``headers``: the :data:`KEPT_HEADERS` present, lower-case names, values cut to 256;
-    - ``key``: the policy's entry for the caller's API key (``None``: anonymous);
-      ``tenant``: its tenant (``anonymous`` without keys); ``key_id``: a short non-secret id;
-    - ``raw_size``: the body's size in bytes as received.
-    """
-
-    body: Any
-    path: str
-    endpoint: Endpoint
-    method: str = "POST"
-    headers: Mapping[str, str] = field(default_factory=dict)
-    key: KeyEntry | None = None
-    tenant: str = ANONYMOUS_TENANT
-    raw_size: int = 0
-
-    @property
-    def key_id(self) -> str | None:
-        return None if self.key is None else self.key.key_id
-
-    @property
-    def obj(self) -> dict[str, Any] | None:
-        """The body when it is a JSON object (else ``None``)."""
-        return self.body if isinstance(self.body, dict) else None
-
-    @classmethod
-    def build(
-        cls,
-        body: Any,
-        *,
-        path: str,
-        method: str = "POST",
-        headers: HeadersLike = (),
-        key: KeyEntry | None = None,
-        raw_size: int = 0,
-    ) -> RequestView:
-        """A view; ``key`` as resolved by :func:`resolve_key`."""
-        pairs = normalise_headers(headers)
-        kept = {k: v[:_MAX_KEPT_VALUE] for k, v in pairs if k in KEPT_HEADERS}
-        clean_path = path.split("?", 1)[0]
-        return cls(
-            body=body,
-            path=clean_path,
-            endpoint=endpoint_of(clean_path),
-            method=method.upper(),
-            headers=MappingProxyType(kept),
-            key=key,
-            tenant=ANONYMOUS_TENANT if key is None else key.tenant,
-            raw_size=raw_size,
-        )

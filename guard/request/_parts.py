@@ -29,12 +29,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from guard.checks._fields import SCORE_SIDES, Path
-from guard.request_view import Endpoint
+from guard.request._fields import SCORE_SIDES, Path
+from guard.request._view import Endpoint
 
 __all__ = [
     "INFER_ORDER",
     "KNOWN_PART_FIELDS",
+    "PART_TYPES",
+    "TEXT_TYPES",
     "VIDEO_FRAMES_READ",
     "PartKind",
     "classify_part",
@@ -80,6 +82,8 @@ OTHER_MEDIA_TYPES: dict[str, Modality | None] = {
     "file": None,
     "input_file": None,
 }
+# Every part type read by its type (text, media, embeds, other servers' media).
+PART_TYPES = frozenset({*TEXT_TYPES, *MEDIA_TYPES, *EMBEDS_TYPES, *OTHER_MEDIA_TYPES})
 # vLLM's key inference when the type is ignored: the first key present wins.
 INFER_ORDER: tuple[str, ...] = (
     "image_url",

@@ -1,4 +1,4 @@
-"""guard.checks._render: finding the upstream's template, and the conversation vLLM builds."""
+"""guard.prompt._render: finding the upstream's template, and the conversation vLLM builds."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from guard.checks import check_tokens
-from guard.checks._render import render_count
-from guard.checks._template_source import load_chat_template
-from guard.checks._text import ChatInput
-from guard.checks._vllm_chat import detect_content_format, llama_cpp_call, vllm_call
 from guard.errors import LimitExceeded
 from guard.jinja import CODE_RAISED, ChatTemplateLimits
 from guard.policy import Policy, policy_from_yaml
-from guard.request_view import RequestView
+from guard.prompt._render import render_count
+from guard.prompt._template_source import load_chat_template
+from guard.prompt._units import ChatInput
+from guard.prompt._vllm_chat import detect_content_format, llama_cpp_call, vllm_call
+from guard.request import RequestView
 from guard.tokens import get_counter
 
 LOOPS_OVER_CONTENT = (

@@ -12,8 +12,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from guard.checks._text import ChatInput
 from guard.jinja import LoopSizes, literal_program
+from guard.prompt._units import ChatInput
 from guard.tokens import TokenCounter
 
 __all__ = ["loop_sizes", "template_literal_bytes", "template_literal_tokens"]

@@ -12,7 +12,7 @@ docs/POLICY.md):
   ``tool_call_id``, ``task``, ``reasoning``/``reasoning_content``, unknown keys: vLLM drops
   some, other servers print them), roles that are not the usual ones;
 - ``values``: structured values printed with ``tojson``, weighed as indent-4 JSON
-  (:mod:`guard.checks._jsonsize`): tool definitions (top level, ``functions``, a message's
+  (:mod:`guard.prompt._jsonsize`): tool definitions (top level, ``functions``, a message's
   ``tools``), each tool call without its arguments (``id``, ``type``, ``function.name``,
   ``name`` placed on the call, extra keys), ``documents``, unknown keys of parts and messages
   that are not strings;
@@ -35,7 +35,7 @@ Completions, embeddings (and vLLM's ``/classify`` and ``/pooling``) ``input`` an
 messages), ``tools``. ``prompt_template`` with ``template_vars`` (schedguard's extension) is
 bounded by its expansion.
 
-An exact count renders the conversation instead (:mod:`guard.checks._render`): ``chat`` holds
+An exact count renders the conversation instead (:mod:`guard.prompt._render`): ``chat`` holds
 what it needs. Nothing here copies prompt text.
 """
 
@@ -45,16 +45,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from guard.checks._fields import Path, is_int, lax_bool, prompt_items
-from guard.checks._parts import (
+from guard.json import json_depth
+from guard.request import (
     KNOWN_PART_FIELDS,
     VIDEO_FRAMES_READ,
+    Endpoint,
     PartKind,
+    Path,
     classify_part,
+    is_int,
+    lax_bool,
     media_payload,
+    prompt_items,
 )
-from guard.json import json_depth
-from guard.request_view import Endpoint
 
 __all__ = [
     "Argument",
@@ -206,7 +209,7 @@ def _templates(unit: PromptUnit, body: dict[str, Any]) -> None:
     variables = body.get("template_vars")
     if isinstance(template, str) and "{{" in template and isinstance(variables, dict):
         # Placeholders expand variables, each maybe many times: the tokens check bounds the
-        # expansion (guard.checks._placeholders) instead of counting each text once.
+        # expansion (guard.prompt._placeholders) instead of counting each text once.
         unit.template = (template, {k: v for k, v in variables.items() if isinstance(v, str)})
         return
     unit.add(("prompt_template",), template)

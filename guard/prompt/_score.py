@@ -20,27 +20,12 @@ A body that carries several pairings is counted for all of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-from guard.checks._fields import SCORE_SIDES, Path
-from guard.checks._parts import classify_part
-from guard.checks._text import ChatInput, Counting, PromptUnit, add_content
-from guard.request_view import Endpoint
+from guard.prompt._units import ChatInput, Counting, PromptUnit, add_content
+from guard.request import Endpoint, Path, classify_part, score_inputs, score_pairs
 
-__all__ = ["score_pairs", "score_units"]
-
-
-def _inputs(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def score_pairs(body: dict[str, Any], endpoint: Endpoint) -> Iterator[tuple[str, str, int]]:
-    """Each pairing the body carries: (first side, second side, pairs)."""
-    for first, second in SCORE_SIDES.get(endpoint, ()):
-        if first in body and second in body:
-            left, right = _inputs(body[first]), _inputs(body[second])
-            yield first, second, len(right) if len(left) == 1 else max(len(left), len(right))
+__all__ = ["score_units"]
 
 
 def _text_of(value: Any) -> str | None:
@@ -75,7 +60,7 @@ def _add_input(unit: PromptUnit, path: Path, value: Any, c: Counting) -> None:
 def score_units(body: dict[str, Any], endpoint: Endpoint, c: Counting) -> list[PromptUnit]:
     units: list[PromptUnit] = []
     for first, second, pairs in score_pairs(body, endpoint):
-        left, right = _inputs(body[first]), _inputs(body[second])
+        left, right = score_inputs(body[first]), score_inputs(body[second])
         listed = (isinstance(body[first], list), isinstance(body[second], list))
         for i in range(pairs):
             q = left[0] if len(left) == 1 else left[i] if i < len(left) else ""

@@ -1,10 +1,10 @@
 """Exact prompt counts: the conversation rebuilt as the upstream builds it, rendered with the
 upstream's own chat template in the hardened sandbox, and tokenized.
 
-The template and its special tokens come from :mod:`guard.checks._template_source` (or from the
+The template and its special tokens come from :mod:`guard.prompt._template_source` (or from the
 request, when the policy accepts request templates: the upstream then renders that one). Each
 upstream listed in ``limits.tokens.render_like`` builds the conversation its own way
-(:mod:`guard.checks._vllm_chat`: ``vllm`` as vLLM 0.32 does, ``llama_cpp`` as llama-cpp-python
+(:mod:`guard.prompt._vllm_chat`: ``vllm`` as vLLM 0.32 does, ``llama_cpp`` as llama-cpp-python
 0.3.36's ``Jinja2ChatFormatter`` does), and the renders are independent: every render that
 succeeds is a candidate and the largest count wins. ``continue_final_message`` cuts vLLM's
 prompt after the final message, as transformers cuts it.
@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from guard.budget import Budget, Limits
-from guard.checks._text import ChatInput
-from guard.checks._vllm_chat import TemplateCall, cut_at_marker, llama_cpp_call, vllm_call
 from guard.errors import GuardError, LimitExceeded, TemplateError
 from guard.jinja import (
     CODE_RAISED,
@@ -41,6 +39,8 @@ from guard.jinja import (
     compile_chat_template,
 )
 from guard.jinja import render_chat_template as _render
+from guard.prompt._units import ChatInput
+from guard.prompt._vllm_chat import TemplateCall, cut_at_marker, llama_cpp_call, vllm_call
 from guard.tokens import TokenCounter
 
 __all__ = ["Flavour", "RenderOutcome", "render_count"]

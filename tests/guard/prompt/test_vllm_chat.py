@@ -1,4 +1,4 @@
-"""guard.checks._vllm_chat: the keyword arguments and the continue_final_message cut as vLLM 0.32
+"""guard.prompt._vllm_chat: the keyword arguments and the continue_final_message cut as vLLM 0.32
 and transformers do them (resolve_chat_template_kwargs, build_chat_params, merge_kwargs,
 render_jinja_template)."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.checks._render import render_count
-from guard.checks._text import ChatInput, ChatKind
-from guard.checks._vllm_chat import CONTINUE_MARKER, cut_at_marker, vllm_call
 from guard.jinja import ChatTemplateLimits, template_variables
+from guard.prompt._render import render_count
+from guard.prompt._units import ChatInput, ChatKind
+from guard.prompt._vllm_chat import CONTINUE_MARKER, cut_at_marker, vllm_call
 from guard.tokens import get_counter
 
 READS = "{{ enable_thinking }}{{ max_length }}{{ custom }}{% for m in messages %}{{ m.content }}{% endfor %}"

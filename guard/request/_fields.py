@@ -1,4 +1,4 @@
-"""Reading request fields the way upstreams read them, shared by the checks.
+"""Reading request fields the way upstreams read them, shared by the checks and the counting.
 
 The schema check insists on JSON types, but every check must stand alone (the order and the
 set of checks are policy), and upstreams coerce: vLLM's pydantic models turn ``"n": "1000"`` and
@@ -8,13 +8,29 @@ set of checks are policy), and upstreams coerce: vLLM's pydantic models turn ``"
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from guard.policy._models import Policy
-from guard.request_view import Endpoint
+from guard.request._view import Endpoint
+
+__all__ = [
+    "INJECT_FIELD",
+    "OUTPUT_FIELDS",
+    "SCORE_SIDES",
+    "Path",
+    "fmt_path",
+    "is_int",
+    "is_number",
+    "lax_bool",
+    "lax_int",
+    "output_fields",
+    "prompt_items",
+    "requested_output",
+    "score_inputs",
+    "score_pairs",
+    "sequences_per_prompt",
+]
 
 Path = tuple[str | int, ...]
 
@@ -139,23 +155,6 @@ def requested_output(body: Mapping[str, Any], endpoint: Endpoint) -> tuple[str, 
     return found
 
 
-def effective_output(body: Mapping[str, Any], endpoint: Endpoint, policy: Policy) -> int | None:
-    """The output cap after the tokens check (injected default, clamped): the largest output
-    the upstream may generate per sequence; None for endpoints that generate nothing, or when
-    nothing bounds it. Never raises: the tokens check reports a requested cap too large."""
-    tokens = policy.limits.tokens
-    cap = tokens.output_limit
-    requested = requested_output(body, endpoint)
-    if requested is None:
-        if endpoint not in INJECT_FIELD:
-            return None
-        return tokens.default_max_tokens if tokens.default_max_tokens is not None else cap
-    value = requested[1]
-    if cap is None:
-        return value if value > 0 else None
-    return value if 0 < value <= cap else cap
-
-
 def prompt_items(value: Any) -> list[Any] | None:
     """The prompts of a ``prompt`` / ``input`` field: a string or one token-id list is one
     prompt; a list of strings or of token-id lists is several. None when it is neither."""
@@ -178,9 +177,14 @@ def sequences_per_prompt(body: Mapping[str, Any]) -> int:
     return max(1, n or 1, best_of or 1)
 
 
-def compact_json(value: Any) -> str:
-    """JSON text of a (parsed, so bounded) value, for counting its tokens."""
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError):
-        return ""
+def score_inputs(value: Any) -> list[Any]:
+    """One side of a scoring pair as a list of inputs (one input, or a list of them)."""
+    return value if isinstance(value, list) else [value]
+
+
+def score_pairs(body: dict[str, Any], endpoint: Endpoint) -> Iterator[tuple[str, str, int]]:
+    """Each pairing the body carries: (first side, second side, pairs)."""
+    for first, second in SCORE_SIDES.get(endpoint, ()):
+        if first in body and second in body:
+            left, right = score_inputs(body[first]), score_inputs(body[second])
+            yield first, second, len(right) if len(left) == 1 else max(len(left), len(right))

@@ -49,11 +49,10 @@ import jinja2.meta
 import jinja2.nodes
 from jinja2.ext import loopcontrols
 
-from guard.checks._fields import lax_bool
-from guard.checks._parts import KNOWN_PART_FIELDS, classify_part
-from guard.checks._text import ChatInput, parse_arguments
 from guard.errors import GuardError
 from guard.jinja import template_variables
+from guard.prompt._units import ChatInput, parse_arguments
+from guard.request import KNOWN_PART_FIELDS, classify_part, lax_bool
 
 __all__ = [
     "CONTINUE_MARKER",
