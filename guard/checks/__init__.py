@@ -10,6 +10,7 @@ the policy composes as ``limits.<name>``; and it reads the policy through a
 a policy's ``checks`` list uses to the functions; :mod:`guard.pipeline` runs them in order.
 """
 
+from guard.checks._logprob_work import logprob_work
 from guard.checks._policy import PolicyView
 from guard.checks._registry import CHECK_NAMES, CHECKS, CheckFn, CheckLimits, CheckSections
 from guard.checks._result import PASS, CheckResult, Mutation, apply_mutations
@@ -45,4 +46,5 @@ __all__ = [
     "check_schema",
     "check_templates",
     "check_tokens",
+    "logprob_work",
 ]

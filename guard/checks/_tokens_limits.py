@@ -84,6 +84,17 @@ class TokensLimits(LimitsModel):
         "sequence; at most the key's token bucket), reconciled from the upstream's `usage`. "
         "The `seed` preset: 256 (the reference scheduler's chat default).",
     )
+    max_logprob_work: PosInt | None = Field(
+        default=1 << 23,
+        description="In front of llama-cpp-python (`upstream.kind: llama_cpp`): the most work "
+        "one request's log-probabilities may cost it, in sort entries. It sorts the whole "
+        "vocabulary in Python and detokenises the text before it at every position it returns "
+        "log-probabilities for (each generated token, and each prompt token with `echo`): "
+        "`P x (V + 3P)` for `P` positions and the tokenizer's `V` tokens, ~0.5-1.5 us per entry "
+        "on one core. The default, 8,388,608 (a few seconds), allows ~1,000 positions at a 4k "
+        "vocabulary, ~250 at 32k, ~65 at 128k; `logprob_work_exceeded` names the most output "
+        "tokens that fit. `null`: no limit.",
+    )
     over_max_output: Literal["reject", "clamp"] = Field(
         default="reject",
         description="A requested output cap above the largest allowed (`max_output_tokens`, "

@@ -30,6 +30,8 @@ class Backend(ABC):
     # Ids of the tokens whose bytes end inside a UTF-8 character (a lead byte without all its
     # continuation bytes); None: the vocabulary's bytes are not known by id.
     partial_char_ids: frozenset[int] | None = None
+    # Tokens the model can emit, added tokens included (its logits' width).
+    vocabulary_size: int = 0
 
     @abstractmethod
     def encode_count(self, text: str) -> int:
@@ -58,6 +60,7 @@ class TiktokenBackend(Backend):
     def __init__(self, encoding: Any) -> None:
         self._enc = encoding
         self.name = str(encoding.name)
+        self.vocabulary_size = int(encoding.n_vocab)
         ranks: dict[bytes, int] | None = getattr(encoding, "_mergeable_ranks", None)
         self.token_bytes = list(ranks) if ranks is not None else encoding.token_byte_values()
         if ranks is not None:
@@ -192,6 +195,7 @@ class HFBackend(Backend):
         self._tok = Tokenizer.from_file(str(path))
         self.name = str(path)
         self.special_tokens = len(self._tok.encode("", add_special_tokens=True).ids)
+        self.vocabulary_size = self._tok.get_vocab_size(with_added_tokens=True)
         with open(path, encoding="utf-8") as f:
             cfg = json.load(f)
         self._inspect(cfg)

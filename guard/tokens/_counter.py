@@ -79,6 +79,8 @@ class TokenCounter(ABC):
     special_tokens: int = 2
     # Ids of the tokens that end inside a UTF-8 character (None: not known by id).
     partial_char_ids: frozenset[int] | None = None
+    # Tokens the model can emit, added tokens included.
+    vocabulary_size: int = 0
 
     @abstractmethod
     def measure(self, text: str, limit: int | None = None, *, exact: bool = False) -> TokenStats:
@@ -113,6 +115,7 @@ class BPETokenCounter(TokenCounter):
         self.name = backend.name
         self.special_tokens = backend.special_tokens
         self.partial_char_ids = backend.partial_char_ids
+        self.vocabulary_size = backend.vocabulary_size
         self.weights = ByteWeights(backend.token_bytes) if backend.token_bytes is not None else None
         self.byte_bounds = self.weights is not None
         self.max_token_bytes = self.weights.max_token_bytes if self.weights is not None else 0

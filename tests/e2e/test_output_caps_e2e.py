@@ -1,4 +1,5 @@
-"""Which upstream generates past ``max_tokens``, and what the guard reserves and refuses (issue 22).
+"""Which upstream generates past ``max_tokens``, what the guard reserves and refuses (issue 22),
+and what llama-cpp-python's log-probabilities cost per position.
 
 llama-cpp-python 0.3.36 skips its ``max_tokens`` test while the text it generated ends inside a
 UTF-8 character: a grammar of 4-byte characters gives ``completion_tokens`` up to 3 over the cap
@@ -100,3 +101,36 @@ def test_vllm_stops_at_max_tokens_whatever_the_bias(vllm_upstream: RunningUpstre
     status, reply = post_json(vllm_upstream.base_url + "/v1/chat/completions", body)
     assert status == 200, reply
     assert reply["usage"]["completion_tokens"] == 8
+
+
+def test_logprobs_score_every_echoed_and_generated_position_and_the_guard_bounds_them(
+    llamacpp_upstream: RunningUpstream, guarded_llamacpp: str
+) -> None:
+    # The positions llama-cpp-python scores are the ones the guard counts: every echoed prompt
+    # token (its BOS dropped) and every generated one.
+    body = {"prompt": " fox" * 60, "echo": True, "logprobs": 1, "max_tokens": 4, "temperature": 0}
+    status, reply = post_json(llamacpp_upstream.base_url + "/v1/completions", body)
+    assert status == 200, reply
+    usage = reply["usage"]
+    scored = reply["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(scored) == usage["prompt_tokens"] - 1 + usage["completion_tokens"]
+    # A chat's logprobs without top_logprobs scores nothing there: admitted, nothing scored.
+    chat = {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 8, "logprobs": True}
+    status, reply = post_json(guarded_llamacpp + "/v1/chat/completions", chat)
+    assert status == 200, reply
+    assert reply["choices"][0]["logprobs"] is None
+    # The found shape (a long echoed prompt) is refused; the refusal's own advice is admitted.
+    per_fox = get_counter(str(llamacpp_upstream.tokenizer_json)).encode_count(" fox" * 100) / 100
+    long_echo = {**body, "prompt": " fox" * int(2000 / per_fox), "max_tokens": 1}  # ~2000 tokens
+    status, reply = post_json(guarded_llamacpp + "/v1/completions", long_echo)
+    assert status == 400 and reply["error"]["code"] == "logprob_work_exceeded", reply
+    scored_chat = {**chat, "top_logprobs": 2}
+    del scored_chat["max_tokens"]
+    status, reply = post_json(guarded_llamacpp + "/v1/chat/completions", scored_chat)
+    assert status == 400 and reply["error"]["code"] == "logprob_work_exceeded", reply
+    most = int(reply["error"]["message"].split("ask for at most ")[1].split()[0])
+    status, reply = post_json(
+        guarded_llamacpp + "/v1/chat/completions", {**scored_chat, "max_tokens": most}
+    )
+    assert status == 200, reply
+    assert reply["choices"][0]["logprobs"]["content"], reply
