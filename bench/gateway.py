@@ -259,7 +259,9 @@ class Servers:
         }  # fmt: skip
         for name, src in guards.items():
             port = free_port()
-            argv = [py, "-m", "schedguard", "serve", "--upstream", mock.url, "--policy",
+            # -P: `-m` would put the working directory first on sys.path, so run from the
+            # repository the "baseline" would import this tree's guard, not DIR's.
+            argv = [py, "-P", "-m", "schedguard", "serve", "--upstream", mock.url, "--policy",
                     str(policy), "--port", str(port), "--workers", "1", "--log-level",
                     "warning"]  # fmt: skip
             self._spawn(name, argv, port, "/healthz", PROXY_MEM, self.layout.proxy, self._env(src))
@@ -909,8 +911,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--reject-rounds", type=int, default=3, help="rounds of the per-class reject runs"
     )
-    p.add_argument("--rss-requests", type=int, default=100_000)
-    p.add_argument("--baseline-src", type=Path, help="also run a guard imported from DIR")
+    p.add_argument(
+        "--rss-requests",
+        type=int,
+        default=100_000,
+        help="requests sent in the RSS mode before resident memory is read (default 100000)",
+    )
+    p.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also run a guard whose packages are imported from DIR (a checkout of another "
+        "commit), side by side in the same rounds",
+    )
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     p.add_argument("--wrk", default=None, help="the wrk binary (default: wrk on PATH)")
     p.add_argument("--quick", action="store_true", help="short runs, for the smoke test")

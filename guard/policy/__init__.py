@@ -15,8 +15,8 @@ typed::
     SCHEDGUARD_KEYS='[{key_sha256: 9f86d0..., tenant: team-a}]'
 
 Every field is documented in docs/POLICY.md (generated from the field descriptions by
-``python -m guard.policy --markdown``). The sections the guard's code reads are its limit sets,
-declared once next to that code: each check's beside the check (:class:`~guard.checks.TokensLimits`,
+``python -m guard.policy --write docs/POLICY.md``). The sections the guard's code reads are its
+limit sets, declared once next to that code: each check's beside the check (:class:`~guard.checks.TokensLimits`,
 ...), :class:`~guard.http.FramingLimits`, :class:`~guard.json.JsonLimits`,
 :class:`~guard.guided.GuidedLimits`, :class:`~guard.http.UpstreamConfig`, :class:`RatePolicy`.
 """

@@ -456,10 +456,29 @@ def test_policy_md_reference_is_up_to_date() -> None:
     start, end = text.index(BEGIN), text.index(END) + len(END)
     assert text[start:end] + "\n" == policy_reference(), (
         "docs/POLICY.md is stale: regenerate its reference with `python -m guard.policy "
-        "--markdown` and paste it between the markers"
+        "--write docs/POLICY.md`"
     )
 
 
 def test_policy_model_is_strict_about_extra_fields() -> None:
     with pytest.raises(ValueError):
         Policy.model_validate({"limits": {"tokens": {"bogus": 1}}})
+
+
+def test_the_reference_is_written_between_the_markers(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from guard.policy._docs import BEGIN, END, policy_reference
+
+    doc = tmp_path / "POLICY.md"
+    doc.write_text(f"# Policy\n\nHand-written.\n\n{BEGIN}\nOUTDATED\n{END}\n\nAfter.\n")
+    run = [sys.executable, "-m", "guard.policy", "--write", str(doc)]
+    assert subprocess.run(run, capture_output=True, check=False).returncode == 0
+    text = doc.read_text()
+    assert text.startswith("# Policy\n\nHand-written.\n\n") and text.endswith(f"{END}\n\nAfter.\n")
+    assert policy_reference().rstrip("\n") in text and "OUTDATED" not in text
+    doc.write_text("no markers\n")
+    failed = subprocess.run(run, capture_output=True, text=True, check=False)
+    assert failed.returncode != 0 and "no generated part" in failed.stderr
+    assert doc.read_text() == "no markers\n"
