@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["fraction", "non_negative_int", "port", "positive_float", "positive_int", "whole"]
+__all__ = [
+    "fraction",
+    "non_negative_float",
+    "non_negative_int",
+    "port",
+    "positive_float",
+    "positive_int",
+    "whole",
+]
 
 
 def _number(text: str) -> float:
@@ -30,6 +38,13 @@ def positive_float(text: str) -> float:
     value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from schedguard._argtypes import positive_float, positive_int, whole
+from schedguard._argtypes import non_negative_float, positive_float, positive_int, whole
 
 __all__ = ["add_parser", "run"]
 
@@ -274,6 +274,15 @@ def _add_live_budgets(live: argparse._ArgumentGroup) -> None:
         default=20.0,
         metavar="SECONDS",
         help="an answer slower than this is a finding (confirmed by sending it again alone)",
+    )
+    live.add_argument(
+        "--max-latency-per-token",
+        type=non_negative_float,
+        default=0.02,
+        metavar="SECONDS",
+        help="added to --max-latency for each output token the answer's usage reports: a long "
+        "answer that was asked for is work, not an amplification (default 0.02: 50 tokens/s, "
+        "slower than any server's decoding of one request; 0: --max-latency alone)",
     )
     live.add_argument(
         "--max-rss-growth-mb",
@@ -531,6 +540,7 @@ def _run_live(args: argparse.Namespace) -> int:
                 max_rps=args.max_rps,
                 timeout_s=args.timeout,
                 latency_budget_s=args.max_latency,
+                latency_per_token_s=args.max_latency_per_token,
                 rss_budget_bytes=int(args.max_rss_growth_mb * (1 << 20)),
                 pids=tuple(args.pid or ()),
                 metrics_url=args.metrics,

@@ -46,7 +46,7 @@ from fuzz.live._http import (
 )
 from fuzz.live._monitor import Health, RssMonitor
 from fuzz.live._mutator import CorpusScheduler, RequestMutator
-from fuzz.live._oracle import LiveBudgets, LiveOracle, Measured
+from fuzz.live._oracle import LATENCY_PER_TOKEN_S, LiveBudgets, LiveOracle, Measured
 from fuzz.live._recorder import LiveRecorder
 from fuzz.live._request import LiveRequest, load_seeds
 from fuzz.live._target import LiveTarget
@@ -87,6 +87,7 @@ class LiveOptions:
     max_rps: float = 50.0
     timeout_s: float = 60.0
     latency_budget_s: float = 20.0
+    latency_per_token_s: float = LATENCY_PER_TOKEN_S
     rss_budget_bytes: int = 512 << 20
     pids: tuple[int | str, ...] = ()
     metrics_url: str | None = None
@@ -181,6 +182,7 @@ class _Live:
         self.budgets = LiveBudgets(
             timeout_s=opts.timeout_s,
             latency_s=opts.latency_budget_s,
+            latency_per_token_s=opts.latency_per_token_s,
             rss_bytes=opts.rss_budget_bytes,
             ignore_5xx=tuple(re.compile(p) for p in opts.ignore_5xx),
         )

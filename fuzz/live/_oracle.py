@@ -37,6 +37,7 @@ from fuzz.targets import Cost
 
 __all__ = [
     "CHECK_PATH",
+    "LATENCY_PER_TOKEN_S",
     "LiveBudgets",
     "LiveOracle",
     "Measured",
@@ -46,23 +47,40 @@ __all__ = [
 ]
 
 CHECK_PATH = "/guard/v1/check"
+# Seconds of latency allowed per output token: 50 tokens/s, slower than any server decodes one
+# request (the e2e llama-cpp-python model: 1.5-9 ms a token, with the other core busy).
+LATENCY_PER_TOKEN_S = 0.02
 
 
 @dataclass(frozen=True)
 class LiveBudgets:
     """``timeout_s``: no answer by then is a hang; ``latency_s``/``rss_bytes``: the cost of one
-    admitted request above which it is a finding; ``ignore_5xx``: patterns of 5xx messages that
-    are this server's refusals of invalid input (llama-cpp-python answers a validation error
-    with 500), counted as rejections."""
+    admitted request above which it is a finding, ``latency_s`` plus ``latency_per_token_s`` for
+    each output token the answer's ``usage`` reports (a long answer asked for is work, not an
+    amplification); ``ignore_5xx``: patterns of 5xx messages that are this server's refusals of
+    invalid input (llama-cpp-python answers a validation error with 500), counted as
+    rejections."""
 
     timeout_s: float = 60.0
     latency_s: float = 20.0
     rss_bytes: int = 512 << 20
     ignore_5xx: tuple[re.Pattern[str], ...] = ()
+    latency_per_token_s: float = LATENCY_PER_TOKEN_S
+
+    def latency_budget(self, reply: Reply) -> tuple[float, str]:
+        """The latency allowed for this answer, and how it was reached."""
+        usage = extract_usage(reply) if self.latency_per_token_s else None
+        tokens = (usage or {}).get("completion_tokens", 0)
+        if not tokens:
+            return self.latency_s, f"{self.latency_s:g} s"
+        budget = self.latency_s + self.latency_per_token_s * tokens
+        how = f"{self.latency_s:g} s + {self.latency_per_token_s:g} s x {tokens} output tokens"
+        return budget, f"{budget:.2f} s ({how})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "wall_s": self.latency_s,
+            "wall_s_per_output_token": self.latency_per_token_s,
             "mem_bytes": self.rss_bytes,
             "timeout_s": self.timeout_s,
             "ignore_5xx": [p.pattern for p in self.ignore_5xx],
@@ -343,8 +361,9 @@ def judge(reply: Reply, cost: Cost, budgets: LiveBudgets, alive: Callable[[], bo
         sig = reply.error_code() if status in (502, 503, 504) else None
         where = f"{status}:{sig or error_signature(message)}"
         return Outcome("server_error", cost, f"HTTP{status}", message[:2000], where)
-    if cost.time_s > budgets.latency_s:
-        msg = f"answered in {cost.time_s:.2f} s; the budget is {budgets.latency_s:g} s"
+    budget, how = budgets.latency_budget(reply)
+    if cost.time_s > budget:
+        msg = f"answered in {cost.time_s:.2f} s; the budget is {how}"
         return Outcome("budget", cost, None, msg, "budget:wall_s")
     if cost.peak_mem_bytes > budgets.rss_bytes:
         mib = cost.peak_mem_bytes / (1 << 20)

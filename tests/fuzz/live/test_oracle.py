@@ -51,3 +51,17 @@ def test_a_token_refusal_over_the_upstream_s_own_count_is_not_a_false_positive()
     assert not _within_limit(refusal, over)
     assert _within_limit(refusal, under)
     assert _within_limit({"code": "n_exceeded", "message": "the limit of 16"}, over)
+
+
+def test_the_latency_budget_grows_with_the_output_tokens_asked_for() -> None:
+    budgets = LiveBudgets(latency_s=1.0, latency_per_token_s=0.01)
+    long = Reply(200, b'{"usage":{"prompt_tokens":5,"completion_tokens":400}}')
+    alive = lambda: True  # noqa: E731
+    assert judge(long, Cost(time_s=4.9), budgets, alive).verdict == "ok"  # 1 + 0.01 x 400
+    over = judge(long, Cost(time_s=5.1), budgets, alive)
+    assert over.where == "budget:wall_s"
+    assert "5.00 s (1 s + 0.01 s x 400 output tokens)" in (over.error_message or "")
+    # no usage (or none asked for): the fixed budget alone
+    assert judge(Reply(200, b"{}"), Cost(time_s=1.1), budgets, alive).verdict == "budget"
+    fixed = LiveBudgets(latency_s=1.0, latency_per_token_s=0.0)
+    assert judge(long, Cost(time_s=1.1), fixed, alive).verdict == "budget"
