@@ -44,6 +44,7 @@ __all__ = [
     "apply_mutations",
     "error_signature",
     "extract_usage",
+    "output_tokens",
 ]
 
 CHECK_PATH = "/guard/v1/check"
@@ -69,8 +70,7 @@ class LiveBudgets:
 
     def latency_budget(self, reply: Reply) -> tuple[float, str]:
         """The latency allowed for this answer, and how it was reached."""
-        usage = extract_usage(reply) if self.latency_per_token_s else None
-        tokens = (usage or {}).get("completion_tokens", 0)
+        tokens = output_tokens(reply) if self.latency_per_token_s else 0
         if not tokens:
             return self.latency_s, f"{self.latency_s:g} s"
         budget = self.latency_s + self.latency_per_token_s * tokens
@@ -140,6 +140,21 @@ def extract_usage(reply: Reply) -> dict[str, int] | None:
         if isinstance(event, dict):
             usage = _usage(event) or usage
     return usage
+
+
+def output_tokens(reply: Reply) -> int:
+    """The output tokens of an answer: its ``usage.completion_tokens``, else, for a stream
+    without usage (llama-cpp-python sends none), its events (each carries a token or more)."""
+    usage = extract_usage(reply)
+    if usage is not None and "completion_tokens" in usage:
+        return usage["completion_tokens"]
+    if reply.json() is not None:
+        return 0
+    return sum(
+        1
+        for line in reply.body.split(b"\n")
+        if line.startswith(b"data:") and line[5:].strip() not in (b"", b"[DONE]")
+    )
 
 
 def _usage(doc: dict[str, Any]) -> dict[str, int] | None:

@@ -65,3 +65,13 @@ def test_the_latency_budget_grows_with_the_output_tokens_asked_for() -> None:
     assert judge(Reply(200, b"{}"), Cost(time_s=1.1), budgets, alive).verdict == "budget"
     fixed = LiveBudgets(latency_s=1.0, latency_per_token_s=0.0)
     assert judge(long, Cost(time_s=1.1), fixed, alive).verdict == "budget"
+
+
+def test_a_stream_without_usage_counts_its_events_as_output_tokens() -> None:
+    from fuzz.live._oracle import output_tokens
+
+    events = b"".join(b'data: {"choices":[{"text":"a"}]}\n\n' for _ in range(30))
+    assert output_tokens(Reply(200, events + b"data: [DONE]\n\n")) == 30
+    sse_with_usage = b'data: {"choices":[],"usage":{"completion_tokens":7}}\n\ndata: [DONE]\n\n'
+    assert output_tokens(Reply(200, events + sse_with_usage)) == 7
+    assert output_tokens(Reply(200, b'{"choices":[]}')) == 0
