@@ -92,6 +92,8 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "corpus_upstreams.py": "issue 13's corpus table against real vLLM and llama-cpp-python "
     "(scripts/upstreams, tens of minutes); its runner is tested in "
     "tests/loadtests/test_upstream_corpus.py and through the guard in tests/e2e/test_corpus_e2e.py",
+    "llamacpp_logprobs.py": "starts the llama-cpp-python upstream (scripts/upstreams): "
+    "tests/e2e/test_output_caps_e2e.py runs it with --positions 40",
     "template_accounting.py": "issue 22's table: a real vLLM per chat template (scripts/upstreams, "
     "~1 minute each); tests/e2e/test_accounting_templates.py asserts the same comparisons",
 }

@@ -134,3 +134,23 @@ def test_logprobs_score_every_echoed_and_generated_position_and_the_guard_bounds
     )
     assert status == 200, reply
     assert reply["choices"][0]["logprobs"]["content"], reply
+
+
+def test_the_logprobs_bench_runs(llamacpp_upstream: RunningUpstream) -> None:
+    # bench/llamacpp_logprobs.py starts its own server (the fixture only makes sure it is set up).
+    import json
+    import subprocess
+    import sys
+
+    from tests._support import REPO_ROOT
+
+    argv = [sys.executable, str(REPO_ROOT / "bench" / "llamacpp_logprobs.py"), "--positions",
+            "40", "--json"]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["vocabulary"] == get_counter(str(llamacpp_upstream.tokenizer_json)).vocabulary_size
+    assert [row["shape"] for row in doc["rows"]] == ["echo", "generate"]
+    for row in doc["rows"]:
+        assert {"positions", "plain_s", "logprobs_s", "ratio", "work", "us_per_work"} <= row.keys()
+        assert row["positions"] >= 40
