@@ -1,6 +1,6 @@
 """The ``schedguard`` command: a thin composition layer over the packages (nothing imports it).
 
-schedguard --version | COMMAND --version
+schedguard -V | --version | COMMAND --version
 schedguard ref --profile {vulnerable,hardened} [--host H] [--port P] [--log-level L]
 schedguard demo [--mem-limit-mb N] [--timeout-s S] [--steady-requests N] [--json PATH]
                 [--port-base P]
@@ -14,7 +14,9 @@ schedguard load [--duration S] [--users N] [--attack-share F] [--upstream-profil
 schedguard fuzz list [--json] | run --target NAME [--engine E] [--duration S] [--out DIR] ...
                 | replay PATH... [--target NAME]
 
-Every option has help text; a default is shown once (by the formatter, or in the help's own
+An unknown option is refused by its command's parser, naming the closest option it has
+(``serve --upstrem`` -> ``did you mean --upstream?``), exit 2. Every option has help text; a
+default is shown once (by the formatter, or in the help's own
 words). A command that needs an optional dependency which is not installed says in one line
 which extra installs it (``pip install 'schedguard[load]'``) and exits 2.
 Output into a pipe whose reader has gone (``schedguard fuzz list | head -1``) ends the command
@@ -33,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from guard.presets import PRESET_NAMES
 from schedguard import __version__, _extproc_cli, _fuzz_cli, _load_cli
 from schedguard._argtypes import non_negative_int, port, positive_float, positive_int
+from schedguard._parser import Parser
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -76,7 +79,7 @@ def iter_parsers(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="schedguard",
         description="Security fuzzing and hardening for LLM schedulers.",
     )
@@ -148,7 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     for _, p in iter_parsers(parser):
         p.formatter_class = HelpFormatter
         p.add_argument(
-            "--version", action="version", version=version, help="print the version and exit"
+            "-V",
+            "--version",
+            action="version",
+            version=version,
+            help="print the version and exit",
         )
     return parser
 

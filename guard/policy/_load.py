@@ -40,9 +40,7 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[
         key = loader.construct_object(key_node, deep=True)
         if key in out:
             mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
         out[key] = loader.construct_object(value_node, deep=True)
     return out
 
@@ -57,7 +55,22 @@ def parse_yaml(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise PolicyError([f"not valid YAML: {str(exc)[:500]}"], source) from None
+        raise PolicyError([yaml_problem(exc, source)], source) from None
+
+
+def yaml_problem(exc: yaml.YAMLError, source: str) -> str:
+    """One line for a YAML error: where (``source``, line and column, counted from 1), what
+    the parser expected, and where the construct it was reading began. PyYAML's own text names
+    ``"<unicode string>"`` and spreads over several lines."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return f"not valid YAML in {source}: {str(exc)[:300]}"
+    mark = exc.problem_mark or exc.context_mark
+    where = source if mark is None else f"{source}, line {mark.line + 1}, column {mark.column + 1}"
+    what = exc.problem or exc.context or "not valid YAML"
+    context = exc.context_mark
+    if exc.problem and exc.context and context is not None and context is not mark:
+        what += f" ({exc.context} from line {context.line + 1}, column {context.column + 1})"
+    return f"not valid YAML: {where}: {what[:300]}"
 
 
 def read_policy_file(path: str) -> dict[str, Any]:

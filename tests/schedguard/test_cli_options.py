@@ -80,6 +80,67 @@ def test_version(words: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"schedguard {__version__}\n"
 
 
+@pytest.mark.parametrize("words", [[], ["serve"], ["fuzz", "run"]])
+def test_dash_v_is_the_version(words: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([*words, "-V"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"schedguard {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "meant"),
+    [
+        (["serve", "--upstrem", "http://x:1"], "schedguard serve", "--upstream"),
+        (["serve", "--upstrem=http://x:1"], "schedguard serve", "--upstream"),
+        (["extproc", "--admin-prot", "9"], "schedguard extproc", "--admin-port"),
+        (["policy", "show", "--jsn"], "schedguard policy show", "--json"),
+        (["fuzz", "list", "--jsno"], "schedguard fuzz list", "--json"),
+        (["load", "--durattion", "5"], "schedguard load", "--duration"),
+    ],
+)
+def test_a_mistyped_flag_is_refused_by_its_command_with_the_closest(
+    argv: list[str], prog: str, meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {prog} "), err  # the command's usage, not the top level's
+    last = err.strip().splitlines()[-1]
+    typo = next(word for word in argv if word.startswith("--"))
+    assert last.startswith(f"{prog}: error: unrecognized arguments: {typo}"), last
+    assert last.endswith(f"(did you mean {meant}?)"), last
+
+
+def test_an_unknown_word_with_nothing_close_is_refused_plainly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--zzzzzz"])
+    assert exc.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "schedguard serve: error: unrecognized arguments: --zzzzzz"
+
+
+def test_a_yaml_error_names_file_line_and_column_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SCHEDGUARD_POLICY", raising=False)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("upstream:\n  url: http://x:1\n  read_timeout_s: [1\n")
+    for argv, prog in (
+        (["serve", "--policy", str(policy)], "schedguard serve"),
+        (["policy", "show", "--policy", str(policy)], "schedguard policy show"),
+        (["extproc", "--policy", str(policy)], "schedguard extproc"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err[0] == f"{prog}: invalid policy ({policy}):", err
+        assert err[1].startswith(f"  not valid YAML: {policy}, line 4, column 1: "), err
+        assert len(err) == 2 and "Traceback" not in "\n".join(err)
+
+
 def test_version_has_one_definition() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" in meta["project"]["dynamic"] and "version" not in meta["project"]

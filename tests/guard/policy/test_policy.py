@@ -136,6 +136,25 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     assert problems("- a\n- b\n") == ["the policy must be a YAML mapping"]
 
 
+def test_a_yaml_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("limits:\n  tokens:\n    max_prompt_tokens: [1, 2\nrate: {\n")
+    with pytest.raises(PolicyError) as exc:
+        load_policy(str(path), env={})
+    (problem,) = exc.value.problems
+    assert problem.startswith(f"not valid YAML: {path}, line 4, column 5: expected ',' or ']'")
+    assert "from line 3, column 24" in problem  # where the unclosed list began
+    assert "<unicode string>" not in problem and "\n" not in problem
+
+
+def test_a_duplicate_key_is_placed_at_its_second_occurrence(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("rate:\n  rpm: 1\nrate:\n  rpm: 2\n")
+    with pytest.raises(PolicyError) as exc:
+        load_policy(str(path), env={})
+    assert exc.value.problems == [f"not valid YAML: {path}, line 3, column 1: duplicate key 'rate'"]
+
+
 def test_duplicate_yaml_keys_are_refused() -> None:
     (problem,) = problems(
         "limits:\n  tokens:\n    max_prompt_tokens: 1\n    max_prompt_tokens: 2\n"
