@@ -344,8 +344,12 @@ class Gateway:
             await self.limiter.release(reservation)
 
     def refused(self, ex: Exchange, err: GuardError) -> None:
-        """The request is answered with ``err``."""
+        """The request is answered with ``err``. Refused before its admission was settled (a
+        framing cap, a check, the key, the rate limit), the guard's own time is its time until
+        now, less reading the body: the access line's ``guard_ms``."""
         ex.status, ex.code = err.status, err.code
+        if not ex.overhead_s:
+            ex.overhead_s = max(0.0, time.perf_counter() - ex.start - ex.read_s)
         self.metrics.rejected(err.code)
 
     @contextlib.asynccontextmanager

@@ -331,12 +331,13 @@ class AsgiProxy:
         if ex.body_pending and "connection" not in err.headers:
             # Refused before its body was read: drop the connection rather than drain the body.
             err.headers = {**err.headers, "connection": "close"}
-        await send_error(send, err, ex.request_id)
+        ex.bytes_out += await send_error(send, err, ex.request_id)
         ex.response_started = True
 
 
-async def send_error(send: Send, err: GuardError, request_id: str) -> None:
-    """An OpenAI error body with the error's status and headers."""
+async def send_error(send: Send, err: GuardError, request_id: str) -> int:
+    """An OpenAI error body with the error's status and headers; the body's size is returned
+    (the access line's ``bytes_out``)."""
     data = json.dumps(err.to_body(), separators=(",", ":")).encode()
     headers = [
         _JSON,
@@ -349,3 +350,4 @@ async def send_error(send: Send, err: GuardError, request_id: str) -> None:
     status = err.status if 400 <= err.status <= 599 else 400
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
+    return len(data)

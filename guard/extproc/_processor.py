@@ -103,6 +103,7 @@ class ExtProcStream:
         self.settled = False
         self.complete = False  # the answer ended (or was refused): nothing more to do
         self.t_forward = 0.0
+        self.t_headers_answered = 0.0  # from here Envoy buffers the body: the client's time
         self.after_done = 0  # chunks of the upstream's after the stream's last event
         self.admitted = False  # answered with the go-ahead: Envoy forwards it
 
@@ -186,6 +187,7 @@ class ExtProcStream:
             return await self._decide(admission, "request_headers")
         if self.request_body_mode not in (None, _BUFFERED, _BUFFERED_PARTIAL):
             return self._refuse(_not_buffered())
+        self.t_headers_answered = time.perf_counter()
         return headers_response("request_headers")
 
     async def _request_body(self, message: Any) -> Any:
@@ -196,6 +198,8 @@ class ExtProcStream:
             # Not BUFFERED (STREAMED, or BUFFERED_PARTIAL past Envoy's buffer): the checks need
             # the whole body before anything is forwarded.
             return self._refuse(_not_buffered())
+        if self.t_headers_answered:  # Envoy's buffering of the body is not the guard's time
+            ex.read_s = time.perf_counter() - self.t_headers_answered
         self.raw_body = raw = message.body
         admission = self.gateway.judge_buffered(ex, opened, raw)
         return await self._decide(admission, "request_body")
@@ -354,7 +358,9 @@ class ExtProcStream:
         self.complete = True
         if not ex.request_id:
             ex.request_id = os.urandom(16).hex()
-        return immediate_error(err, ex.request_id)
+        answer = immediate_error(err, ex.request_id)
+        ex.bytes_out += len(answer.immediate_response.body)
+        return answer
 
     def _refuse_admission(self, admission: Admission) -> Any:
         rejection = admission.verdict.rejection

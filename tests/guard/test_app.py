@@ -644,6 +644,33 @@ async def test_access_log_is_one_json_line_without_prompt_text(
     assert all(secret not in r.getMessage() for r in caplog.records)
 
 
+async def test_a_refusals_access_line_has_the_bytes_sent_and_the_guards_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A check's refusal, the key's (before the body is read) and the rate limit's: each line
+    # counts the error body the client got and the guard's own time, not 0 and 0.000.
+    policy = KEYS + "rate:\n  requests_per_minute: 1\n  burst: 1\n"
+    auth = {"authorization": f"Bearer {KEY}"}
+    async with guard(policy) as g:
+        with caplog.at_level(logging.INFO, logger="schedguard.access"):
+            sent = [
+                await g.client.post("/v1/chat/completions", json={**CHAT, "n": 1000}, headers=auth),
+                await g.client.post("/v1/chat/completions", json=CHAT),
+                await g.client.post("/v1/chat/completions", json=CHAT, headers=auth),
+                await g.client.post("/v1/chat/completions", json=CHAT, headers=auth),
+            ]
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "schedguard.access"]
+    assert [(line["status"], line.get("code")) for line in lines] == [
+        (400, "n_exceeded"),
+        (401, "missing_api_key"),
+        (200, None),
+        (429, "rate_limited_requests"),
+    ]
+    for line, resp in zip(lines, sent, strict=True):
+        assert line["bytes_out"] == len(resp.content) > 0, line
+        assert line["guard_ms"] > 0, line
+
+
 def test_tracing_is_off_without_otel_env_or_package(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not otel_requested({})
     assert not otel_requested({"OTEL_SDK_DISABLED": "true", "OTEL_SERVICE_NAME": "x"})

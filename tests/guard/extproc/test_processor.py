@@ -4,6 +4,8 @@ not: messages out of order, a stream cut after its headers; its health service a
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -18,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from guard.extproc import SERVICE
 from guard.gateway import Gateway, build_gateway
 from guard.policy import default_policy, policy_from_yaml
+from guard.telemetry import AccessLog
 from tests._envoy import extproc_in_process
 from tests._support import free_port
 
@@ -127,6 +130,28 @@ async def test_a_refusal_is_an_immediate_response_with_the_proxys_body(
     immediate = answers[1].immediate_response
     assert immediate.status.code == 400 and b'"code":"n_exceeded"' in immediate.body
     await _idle(gateway)
+
+
+async def test_a_refusals_access_line_has_the_bytes_sent_and_the_guards_time() -> None:
+    policy = default_policy()
+    stream = io.StringIO()
+    gateway = build_gateway(policy, upstream=None, access_log=AccessLog(stream=stream))
+    body = b'{"model":"m","n":100000,"messages":[{"role":"user","content":"hi"}]}'
+    async with extproc_in_process(policy, gateway=gateway) as port:
+        answers, _ = await _exchange(
+            port,
+            [
+                pb.ProcessingRequest(request_headers=_headers(REQUEST)),
+                pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
+            ],
+        )
+        await _idle(gateway)
+    gateway.access_log.flush()
+    (line,) = (json.loads(text) for text in stream.getvalue().splitlines())
+    sent = answers[1].immediate_response.body
+    assert (line["status"], line["code"]) == (400, "n_exceeded")
+    assert line["bytes_out"] == len(sent) > 0 and line["bytes_in"] == len(body)
+    assert line["guard_ms"] > 0  # the checks ran: the guard's time is not 0
 
 
 @pytest.mark.parametrize(
