@@ -20,39 +20,21 @@ from typing import Any
 
 import pytest
 import yaml
-from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
-from guard.app import create_app
 from guard.policy import PolicyError, key_digest, load_policy
+from tests._exported_metrics import guard_metric_names
 from tests._support import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "docs" / "deploy"
 # Series Prometheus makes itself, not the guard.
 PROMETHEUS_OWN = {"up"}
 _SELECTOR = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?=\{|\[)")
-_SUFFIXES = {
-    "counter": ("_total", "_created"),
-    "histogram": ("_bucket", "_count", "_sum", "_created"),
-    "gauge": ("",),
-    "summary": ("", "_count", "_sum", "_created"),
-}
 
 
 @pytest.fixture(scope="module")
-def exported() -> set[str]:
+def exported() -> frozenset[str]:
     """Every series name the guard's /metrics exposes, after some traffic."""
-    policy = load_policy(None, {})
-    app = create_app(policy, upstream_url="http://127.0.0.1:9")
-    with TestClient(app) as client:
-        client.get("/healthz")
-        client.post("/v1/completions", json={"model": "m", "prompt": "hi", "n": 1000000})
-        text = client.get("/metrics").text
-    names: set[str] = set()
-    for family in text_string_to_metric_families(text):
-        names.update(family.name + s for s in _SUFFIXES.get(family.type, ("",)))
-        names.update(sample.name for sample in family.samples)
-    return names
+    return guard_metric_names()
 
 
 def _exprs(obj: Any) -> Iterator[str]:
@@ -84,7 +66,7 @@ def _alerts() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("source", ["dashboard", "alerts"])
-def test_every_metric_name_is_exported_by_the_guard(source: str, exported: set[str]) -> None:
+def test_every_metric_name_is_exported_by_the_guard(source: str, exported: frozenset[str]) -> None:
     doc = _dashboard() if source == "dashboard" else _alerts()
     exprs = list(_exprs(doc))
     assert len(exprs) >= 6
