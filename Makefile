@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint format bench clean fuzz-smoke load-smoke load-soak
+.PHONY: install demo test lint format bench clean fuzz-smoke load-smoke load-soak dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The wheel users install (`pip install dist/schedguard-*.whl`, extras as `'...whl[load]'`),
+# built by pip in a venv of its own under build/ (nothing of .venv needed).
+DIST_VENV := build/dist-venv
+dist:
+	test -x $(DIST_VENV)/bin/pip || $(PYTHON) -m venv $(DIST_VENV)
+	rm -f dist/schedguard-*.whl
+	$(DIST_VENV)/bin/pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/schedguard-*.whl
 
 demo: $(STAMP)
 	$(BIN)/schedguard demo
@@ -62,7 +71,7 @@ load-soak: $(STAMP)
 		--out out/load-soak
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 # Real LLM servers (vLLM, llama-cpp-python) with tiny local models, set up once into
 # ${SCHEDGUARD_UPSTREAMS_DIR:-~/.cache/schedguard/upstreams} (~10 min the first time, then a
