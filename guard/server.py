@@ -29,7 +29,14 @@ from guard.app import create_app
 from guard.http import configure as configure_head_limit
 from guard.http import raise_nofile_limit
 from guard.policy import Policy, load_policy
-from guard.telemetry import METRICS_DIR_ENV, AccessLog, wipe_metrics_dir
+from guard.telemetry import (
+    METRICS_DIR_ENV,
+    AccessLog,
+    LogFormat,
+    configure_logging,
+    logging_config,
+    wipe_metrics_dir,
+)
 
 __all__ = ["POLICY_ENV", "app_from_env", "run", "uvicorn_config"]
 
@@ -47,15 +54,25 @@ def app_from_env(env: Mapping[str, str] | None = None) -> FastAPI:
     configure_head_limit(body.max_header_bytes, body.max_header_count, policy.limits.connections)
     return create_app(
         policy,
-        access_log=AccessLog(policy.observability.access_log, stream=sys.stderr),
+        access_log=AccessLog(
+            policy.observability.access_log,
+            stream=sys.stderr,
+            log_format=policy.observability.log_format,
+        ),
         metrics_dir=env.get(METRICS_DIR_ENV) or None,
     )
 
 
 def uvicorn_config(
-    *, host: str, port: int, workers: int = 1, log_level: str = "info"
+    *,
+    host: str,
+    port: int,
+    workers: int = 1,
+    log_level: str = "info",
+    log_format: LogFormat = "json",
 ) -> dict[str, object]:
-    """uvicorn's settings for the guard (also used by the benchmarks)."""
+    """uvicorn's settings for the guard (also used by the benchmarks): its own log lines in
+    the guard's format (``log_format``), as the access log's."""
     return {
         "host": host,
         "port": port,
@@ -66,6 +83,7 @@ def uvicorn_config(
         "http": "guard.http._protocol:GuardHttpToolsProtocol",
         "lifespan": "on",
         "log_level": log_level,
+        "log_config": logging_config(log_format, log_level),
         "access_log": False,  # the guard writes its own, structured
         # The protocol keeps its own keep-alive and head timers (limits.connections); this is
         # uvicorn's, for a protocol without them.
@@ -88,7 +106,8 @@ def run(
     log_level: str = "info",
 ) -> None:
     """Serve until SIGINT/SIGTERM. ``policy`` was validated by the caller and describes what the
-    workers will load from the environment (used here only for warnings)."""
+    workers will load from the environment (used here for warnings and the log format)."""
+    configure_logging(policy.observability.log_format, log_level)
     if workers > 1 and policy.rate.redis_url is None:
         _log.warning(
             "%d workers without --redis: each worker keeps its own rate-limit buckets, so a "
@@ -102,7 +121,11 @@ def run(
         uvicorn.run(
             "guard.server:app_from_env",
             **uvicorn_config(  # type: ignore[arg-type]
-                host=host, port=port, workers=workers, log_level=log_level
+                host=host,
+                port=port,
+                workers=workers,
+                log_level=log_level,
+                log_format=policy.observability.log_format,
             ),
         )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 __all__ = [
+    "add_log_format",
     "fraction",
     "non_negative_float",
     "non_negative_int",
@@ -75,3 +76,15 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"not a port: {text}")
     return value
+
+
+def add_log_format(parser: argparse.ArgumentParser) -> None:
+    """``--log-format json|text``, of the commands that run the guard (serve, extproc)."""
+    parser.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default=None,
+        help="format of every line written to stderr (uvicorn's and the guard's messages, the "
+        "access log): json, one object a line, or text, for a terminal; overrides "
+        "observability.log_format (default json)",
+    )

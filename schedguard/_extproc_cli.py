@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
 from urllib.parse import urlsplit
 
 from guard.presets import PRESET_NAMES
-from schedguard._argtypes import port, positive_int
+from schedguard._argtypes import add_log_format, port, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -85,14 +84,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="info",
         help="log level of the processor's own messages (the access log is always written)",
     )
+    add_log_format(p)
 
 
 def run(args: argparse.Namespace) -> int:
     import logging
 
     from guard.server import POLICY_ENV
+    from guard.telemetry import START_LOGGER, configure_logging
     from schedguard._serve import (
         ADMIN_ENV,
+        LOG_FORMAT_ENV,
         PRESET_ENV,
         REDIS_ENV,
         _err,
@@ -100,7 +102,6 @@ def run(args: argparse.Namespace) -> int:
         policy_line,
     )
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     if args.upstream is not None and urlsplit(args.upstream).scheme not in ("http", "https"):
         _err("--upstream: must be an http:// or https:// URL", "extproc")
         return 2
@@ -112,10 +113,12 @@ def run(args: argparse.Namespace) -> int:
         (REDIS_ENV, "--redis", args.redis),
         (ADMIN_ENV, "--admin-port", admin),
         (PRESET_ENV, "--preset", args.preset),
+        (LOG_FORMAT_ENV, "--log-format", args.log_format),
     )
     policy = effective_policy(args.policy, flagged, "extproc")
     if policy is None:
         return 2
+    configure_logging(policy.observability.log_format, args.log_level)
     for module in ("grpc", "grpc_health", "envoy"):
         if importlib.util.find_spec(module) is None:
             # Said as grpc's: the extproc extra brings all three (grpcio-health-checking and
@@ -125,7 +128,11 @@ def run(args: argparse.Namespace) -> int:
     from guard.extproc import run as run_extproc
 
     opts = ExtProcOptions(
-        host=args.host, port=args.port, workers=args.workers, upstream=args.upstream
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        upstream=args.upstream,
+        log_level=args.log_level,
     )
     where = args.upstream or policy.upstream.url or "the policy's context window"
     admin_note = (
@@ -133,13 +140,16 @@ def run(args: argparse.Namespace) -> int:
         if (policy.admin.listen is not None)
         else ""
     )
-    print(
-        f"schedguard extproc on {args.host}:{args.port} (gRPC), upstream facts from {where}; "
-        f"{args.workers} worker(s){admin_note}",
-        file=sys.stderr,
-        flush=True,
+    start = logging.getLogger(START_LOGGER)
+    start.info(
+        "schedguard extproc on %s:%s (gRPC), upstream facts from %s; %s worker(s)%s",
+        args.host,
+        args.port,
+        where,
+        args.workers,
+        admin_note,
     )
     upstream = args.upstream or policy.upstream.url
-    print(policy_line(policy, upstream, "extproc"), file=sys.stderr, flush=True)
+    start.info("%s", policy_line(policy, upstream, "extproc"))
     run_extproc(policy, opts, os.environ.get(POLICY_ENV) or None)
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import signal
 import sys
@@ -32,6 +33,7 @@ UPSTREAM_ENV = "SCHEDGUARD_UPSTREAM__URL"
 REDIS_ENV = "SCHEDGUARD_RATE__REDIS_URL"
 ADMIN_ENV = "SCHEDGUARD_ADMIN__LISTEN"
 PRESET_ENV = "SCHEDGUARD_PRESET"
+LOG_FORMAT_ENV = "SCHEDGUARD_OBSERVABILITY__LOG_FORMAT"
 _EMBEDDED_START_TIMEOUT_S = 60.0
 
 
@@ -48,6 +50,7 @@ class ServeOptions:
     admin_listen: str | None = None
     embedded_reference: bool = False
     preset: str | None = None
+    log_format: str | None = None
 
 
 def _err(message: str, command: str = "serve") -> None:
@@ -150,11 +153,13 @@ def start_embedded_upstream(mem_limit_bytes: int, host: str = "127.0.0.1") -> Ru
 def serve(opts: ServeOptions) -> int:
     from guard.policy import load_policy
     from guard.server import POLICY_ENV, run
+    from guard.telemetry import START_LOGGER, configure_logging
 
     flagged = ((UPSTREAM_ENV, "--upstream", opts.upstream),
                (REDIS_ENV, "--redis", opts.redis_url),
                (ADMIN_ENV, "--admin-port", opts.admin_listen),
-               (PRESET_ENV, "--preset", opts.preset))  # fmt: skip
+               (PRESET_ENV, "--preset", opts.preset),
+               (LOG_FORMAT_ENV, "--log-format", opts.log_format))  # fmt: skip
     policy = effective_policy(opts.policy_path, flagged, "serve")
     if policy is None:
         return 2
@@ -187,13 +192,17 @@ def serve(opts: ServeOptions) -> int:
         admin_note = ""
         if policy.admin.listen is not None:
             admin_note = f"; /healthz, /readyz, /metrics on http://{policy.admin.listen}"
-        print(
-            f"schedguard guard on http://{opts.host}:{opts.port} -> {where}; "
-            f"{opts.workers} worker(s){admin_note}",
-            file=sys.stderr,
-            flush=True,
+        configure_logging(policy.observability.log_format, opts.log_level)
+        start = logging.getLogger(START_LOGGER)
+        start.info(
+            "schedguard guard on http://%s:%s -> %s; %s worker(s)%s",
+            opts.host,
+            opts.port,
+            where,
+            opts.workers,
+            admin_note,
         )
-        print(policy_line(policy, policy.upstream.url, "serve"), file=sys.stderr, flush=True)
+        start.info("%s", policy_line(policy, policy.upstream.url, "serve"))
         # uvicorn re-raises SIGTERM once it has shut down; with the default handler that kills
         # this process before the embedded upstream is stopped. Exit through `finally` instead.
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)

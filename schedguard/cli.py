@@ -5,9 +5,9 @@ schedguard ref --profile {vulnerable,hardened} [--host H] [--port P] [--log-leve
 schedguard demo [--mem-limit-mb N] [--timeout-s S] [--steady-requests N] [--json PATH]
                 [--port-base P]
 schedguard serve [--upstream URL] [--policy FILE] [--host H] [--port P] [--workers N] [--redis URL]
-                 [--admin-port P [--admin-host H]]
+                 [--admin-port P [--admin-host H]] [--log-format {json,text}]
 schedguard extproc [--host H] [--port P] [--policy FILE] [--upstream URL] [--workers N]
-                   [--admin-port P [--admin-host H]] [--redis URL]
+                   [--admin-port P [--admin-host H]] [--redis URL] [--log-format {json,text}]
 schedguard policy show [--policy FILE] [--json]
 schedguard load [--duration S] [--users N] [--attack-share F] [--upstream-profile P] [--out DIR]
                 [--host URL] [--no-guard] [--ui] [--json] ...
@@ -31,10 +31,17 @@ import select
 import signal
 import sys
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 from guard.presets import PRESET_NAMES
 from schedguard import __version__, _extproc_cli, _fuzz_cli, _load_cli
-from schedguard._argtypes import non_negative_int, port, positive_float, positive_int
+from schedguard._argtypes import (
+    add_log_format,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
 from schedguard._parser import Parser
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -83,7 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="schedguard",
         description="Security fuzzing and hardening for LLM schedulers.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # Parsers of the Parser class (add_subparsers makes its own class's); typed as argparse's.
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="COMMAND", required=True),
+    )
 
     ref = sub.add_parser(
         "ref",
@@ -216,7 +227,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="URL",
         help="share rate limits between replicas through Redis (overrides rate.redis_url)",
     )
-    serve.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="uvicorn log level")
+    serve.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="level of uvicorn's and the guard's messages (the access log is always written)",
+    )
+    add_log_format(serve)
     serve.add_argument(
         "--upstream-mem-limit-mb",
         type=positive_int,
@@ -341,6 +358,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             upstream_mem_limit_bytes=args.upstream_mem_limit_mb << 20,
             embedded_reference=args.embedded_reference,
             preset=args.preset,
+            log_format=args.log_format,
         )
     )
 

@@ -42,7 +42,7 @@ from guard.extproc._processor import ExtProcStream, ProtocolError
 from guard.gateway import Gateway, build_gateway
 from guard.http import Upstream, dropped_headers
 from guard.policy import Policy, load_policy
-from guard.telemetry import CONTENT_TYPE, AccessLog
+from guard.telemetry import CONTENT_TYPE, AccessLog, configure_logging
 
 __all__ = ["ExtProcOptions", "ExternalProcessor", "run", "serve"]
 
@@ -87,6 +87,7 @@ class ExtProcOptions:
     upstream: str | None = None
     admin: tuple[str, int] | None = None
     metrics_dir: str | None = None
+    log_level: str = "info"  # a spawned worker's (its log format is the policy's)
 
 
 def _upstream(policy: Policy, opts: ExtProcOptions) -> Upstream | None:
@@ -111,7 +112,11 @@ async def serve(
         gateway = build_gateway(
             policy,
             upstream=None,  # Envoy forwards: the upstream is only asked about /v1/models
-            access_log=AccessLog(policy.observability.access_log, stream=sys.stderr),
+            access_log=AccessLog(
+                policy.observability.access_log,
+                stream=sys.stderr,
+                log_format=policy.observability.log_format,
+            ),
             metrics_dir=opts.metrics_dir,
         )
     gateway.warm_up()
@@ -210,6 +215,7 @@ async def _readiness(
 def _worker(policy_path: str | None, opts: ExtProcOptions) -> None:
     """One worker process: load the policy as the parent did (file and environment), serve."""
     policy = load_policy(policy_path, os.environ)
+    configure_logging(policy.observability.log_format, opts.log_level)
     _run_loop(policy, opts)
 
 

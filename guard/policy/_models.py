@@ -281,11 +281,18 @@ class KeyEntry(Section):
 
 class ObservabilityPolicy(Section):
     access_log: bool = Field(
-        default=True, description="Write a structured JSON access log line per request (stderr)."
+        default=True,
+        description="Write a structured access log line per request (stderr, in `log_format`).",
     )
     log_prompts: bool = Field(
         default=False,
         description="Include prompt text in the access log. Off by default: prompts are user data.",
+    )
+    log_format: Literal["json", "text"] = Field(
+        default="json",
+        description="How every line the guard writes to stderr is formatted (its messages, "
+        "uvicorn's and the access log): `json`, one JSON object a line, or `text`, for reading "
+        "on a terminal (the access log as key=value pairs). `--log-format` sets it.",
     )
 
 

@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any, NamedTuple, TextIO
 
-__all__ = ["LOGGER_NAME", "AccessLog", "RequestFields"]
+__all__ = ["LOGGER_NAME", "AccessLog", "RequestFields", "timestamp"]
 
 LOGGER_NAME = "schedguard.access"
 # Lines written at once beyond this: a flush holds the event loop while it formats (~6 us a
@@ -39,8 +39,11 @@ class AccessLog:
         *,
         stream: TextIO | None = None,
         flush_interval_s: float = 0.1,
+        log_format: str = "json",
     ) -> None:
         self.enabled = enabled
+        # "json", or "text": the same fields as key=value pairs (guard.telemetry._log_format)
+        self._render = _render if log_format == "json" else _render_text
         self.logger = logger or logging.getLogger(LOGGER_NAME)
         self._stream = stream
         self._interval = flush_interval_s
@@ -56,7 +59,7 @@ class AccessLog:
             return
         if self._stream is None:
             if self.logger.isEnabledFor(logging.INFO):
-                self.logger.info(_render(time.time(), fields))
+                self.logger.info(self._render(time.time(), fields))
             return
         self._pending.append((time.time(), fields))
         if len(self._pending) >= _MAX_BUFFERED:
@@ -75,7 +78,8 @@ class AccessLog:
         if not self._pending or self._stream is None:
             return
         pending, self._pending = self._pending, []
-        lines = [_render(at, fields) for at, fields in pending]
+        render = self._render
+        lines = [render(at, fields) for at, fields in pending]
         text = "\n".join(lines) + "\n"
         try:
             self._stream.write(text)
@@ -118,7 +122,7 @@ def _request_line(at: float, f: RequestFields) -> str:
     dictionary per line (the guard writes one per request)."""
     parts = [
         '{"ts":"',
-        _timestamp(at),
+        timestamp(at),
         '","event":"access","request_id":',
         _quote(f.request_id),
         ',"method":',
@@ -166,8 +170,36 @@ def _render(at: float, fields: dict[str, Any] | RequestFields) -> str:
     return _request_line(at, fields) if isinstance(fields, RequestFields) else _line(at, fields)
 
 
+def _render_text(at: float, fields: dict[str, Any] | RequestFields) -> str:
+    """``<ts> INFO schedguard.access: key=value ...``, the fields of the JSON line in its order
+    (strings quoted when they hold a space, a quote or ``=``)."""
+    if isinstance(fields, RequestFields):
+        pairs: dict[str, Any] = {}
+        for key, value in fields._asdict().items():
+            if key == "truncated":
+                key = "upstream_stream_truncated"  # the JSON line's name
+            elif key.endswith("_s"):
+                key, value = key[:-2] + "_ms", None if value is None else _ms(value)
+            pairs[key] = value
+    else:
+        pairs = fields
+    text = " ".join(
+        f"{key}={_text_value(value)}" for key, value in pairs.items() if value is not None
+    )
+    return f"{timestamp(at)} INFO {LOGGER_NAME}: {text}"
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    if not text or any(c in text for c in ' "=\\') or not text.isprintable():
+        return _quote(text)
+    return text
+
+
 def _line(at: float, fields: dict[str, Any]) -> str:
-    record = {"ts": _timestamp(at), "event": "access"}
+    record = {"ts": timestamp(at), "event": "access"}
     for key, value in fields.items():
         if value is not None:
             record[key] = value
@@ -178,7 +210,8 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)  # one encoder, 
 _second: list[Any] = [-1, ""]  # the formatted current second, reformatted once a second
 
 
-def _timestamp(now: float) -> str:
+def timestamp(now: float) -> str:
+    """``now`` (``time.time()``) as ``2026-01-02T03:04:05.678Z``."""
     whole = int(now)
     if whole != _second[0]:
         _second[0], _second[1] = whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
