@@ -34,6 +34,12 @@ class Parser(argparse.ArgumentParser):
         args: Sequence[str] | None = None,
         namespace: argparse.Namespace | None = None,
     ) -> tuple[argparse.Namespace, list[str]]:
+        if args is not None and self._is_subcommand() and not self._has_subcommands():
+            # Before argparse's own checks, which would say "the following arguments are
+            # required: --target" for `fuzz run --targt x` and never name the typo.
+            unknown = self._unknown_options(args)
+            if unknown:
+                self.error(self.unrecognized(unknown))
         parsed, extras = super().parse_known_args(args, namespace)
         if extras and self._is_subcommand():
             self.error(self.unrecognized(extras))
@@ -61,6 +67,24 @@ class Parser(argparse.ArgumentParser):
                     return f"{message} (did you mean {close}?)"
                 break
         return message
+
+    def _unknown_options(self, args: Sequence[str]) -> list[str]:
+        """The ``--words`` of ``args`` (up to a ``--``) that are no option of this parser nor
+        an abbreviation argparse would accept."""
+        options = [opt for action in self._actions for opt in action.option_strings]
+        unknown = []
+        for word in args:
+            if word == "--":
+                break
+            if not word.startswith("--"):
+                continue
+            flag = word.partition("=")[0]
+            if flag not in options and not any(opt.startswith(flag) for opt in options):
+                unknown.append(word)
+        return unknown
+
+    def _has_subcommands(self) -> bool:
+        return any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
 
     def _is_subcommand(self) -> bool:
         # The top-level parser's own prog is one word; a subcommand's is "schedguard CMD ...".

@@ -97,6 +97,8 @@ def test_dash_v_is_the_version(words: list[str], capsys: pytest.CaptureFixture[s
         (["policy", "show", "--jsn"], "schedguard policy show", "--json"),
         (["fuzz", "list", "--jsno"], "schedguard fuzz list", "--json"),
         (["load", "--durattion", "5"], "schedguard load", "--duration"),
+        # a required option mistyped: the typo is named, not only "--target is required"
+        (["fuzz", "run", "--targt", "guard-app"], "schedguard fuzz run", "--target"),
     ],
 )
 def test_a_mistyped_flag_is_refused_by_its_command_with_the_closest(
