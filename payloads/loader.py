@@ -596,10 +596,13 @@ def parse_payload(data: Any, path: Path) -> Payload:
 def load_payload(path: Path) -> Payload:
     """Load and validate one payload file."""
     try:
-        text = path.read_text(encoding="utf-8")
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        # Read from the file, not its text, so that a YAML error names it (PyYAML says
+        # "<unicode string>" of a string), with its line and column.
+        with path.open(encoding="utf-8") as stream:
+            data = yaml.load(stream, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise PayloadError(f"{path}: cannot read: {exc}") from None
+        said = " ".join(str(exc).split())  # one line
+        raise PayloadError(f"{path}: cannot read: {said}") from None
     return parse_payload(data, path)
 
 

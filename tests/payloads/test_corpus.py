@@ -608,3 +608,13 @@ def test_save_found_refuses_bad_records(tmp_path: Path) -> None:
     with pytest.raises(PayloadError, match=r"cost\.before\.wall_s"):
         save_found(target="t", class_="fan_out", **{**args, "cost_before": {"wall_s": -1}})
     assert not (tmp_path / "found").exists() or not list((tmp_path / "found").rglob("*.yaml"))
+
+
+def test_a_yaml_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("id: x\nclass: [a\n")
+    with pytest.raises(PayloadError) as exc:
+        load_payload(path)
+    said = str(exc.value)
+    assert f'in "{path}", line 2, column 8' in said
+    assert "<unicode string>" not in said and "\n" not in said
