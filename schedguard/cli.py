@@ -181,7 +181,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             "reference scheduler (hardened profile, a test model) as an embedded upstream on a "
             "free port, stopped with the guard. The policy is a YAML file overridable by "
             "SCHEDGUARD_<SECTION>__<FIELD> environment variables (an unknown SCHEDGUARD_* name "
-            "exits 2); see `schedguard policy show`. The policy in force is printed at start."
+            "exits 2); see `schedguard policy show`. The policy in force is said at start, in the "
+            "log format (--log-format)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

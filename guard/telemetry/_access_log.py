@@ -1,8 +1,11 @@
-"""One structured JSON line per request.
+"""One structured line per request: a JSON object, or in the ``text`` log format the same
+fields as ``key=value`` pairs (:mod:`guard.telemetry._log_format`, the format of every other
+line the guard writes).
 
 The line holds what an operator needs to find and explain a request (id, route, status, error
 code, tenant, timings, token counts, sizes) and nothing of its content: no prompt text, no
-headers, no keys. The path is logged only for known routes (an unknown path is attacker text);
+headers, no keys. A refusal's ``bytes_out`` is its error body and its ``guard_ms`` the guard's
+time until it refused. The path is logged only for known routes (an unknown path is attacker text);
 the client's ``x-request-id`` is logged only if it is short printable ASCII (see
 :mod:`guard.http._framing`).
 
