@@ -9,7 +9,10 @@ from pydantic.dataclasses import dataclass
 
 from guard._limits import LIMITS_CONFIG, PosFloat, PosInt
 
-__all__ = ["GuidedLimits"]
+__all__ = ["CALIBRATION_VOCAB", "GuidedLimits"]
+
+# The vocabulary the cost models were calibrated at; the size assumed where no tokenizer is known.
+CALIBRATION_VOCAB = 32_768
 
 
 @dataclass(frozen=True, config=LIMITS_CONFIG)
@@ -147,14 +150,29 @@ class GuidedLimits:
         "to outlines (the engine keeps the first backend it builds, so one such request "
         "would put every later one on outlines), or `bound` its outlines cost only.",
     )
-    vocab_size: PosInt = Field(
-        default=32_768,
-        description="The model's vocabulary size: backend costs grow with it (set it to "
-        "the model's; the budgets below were calibrated at 32k).",
+    vocab_size: PosInt | None = Field(
+        default=None,
+        description="Override of the model's vocabulary size, which backend costs grow with. "
+        "`null` (default): the size of the tokenizer `limits.tokens.tokenizer` names (its "
+        "`tokenizer.json` or tiktoken encoding: cl100k_base has 100,277), or 32,768 (the "
+        "calibration vocabulary) where no tokenizer is known. Set it only when the tokenizer "
+        "the guard counts with is not the model's.",
     )
     backend_max_compile_s: PosFloat = Field(
+        default=8.0,
+        description="Ceiling of one constraint's estimated cold compile on xgrammar or "
+        "guidance, in CPU seconds at the model's vocabulary (400 "
+        "`guided_backend_cost_exceeded` over it). A ceiling, not a budget: vLLM compiles in a "
+        "thread pool off the engine loop and caches grammars by their text, so what a tenant "
+        "may spend over time is the compile bucket's (`rate.guided_compile_s_per_minute`); "
+        "this only refuses what no ordinary application sends (the heaviest benign "
+        "constraints measured ~4 s at 100k tokens).",
+    )
+    outlines_max_compile_s: PosFloat = Field(
         default=1.0,
-        description="Estimated compile CPU seconds one constraint may cost on a backend.",
+        description="The ceiling for a constraint outlines may compile (vLLM pinned to "
+        "outlines, or `outlines_fallback: bound`), in CPU seconds at the model's vocabulary: "
+        "strict, since outlines' index build has no timeout that stops it.",
     )
     backend_max_compile_mb: PosFloat = Field(
         default=256.0,
@@ -165,11 +183,39 @@ class GuidedLimits:
         description="Estimated token-mask seconds per generated token (xgrammar on nested "
         "ambiguous repetition pays this on every decode step, for the whole batch).",
     )
+    # The compile budget's global caps (guard/admission/_compile.py), per guard replica.
+    upstream_compile_workers: PosInt = Field(
+        default=4,
+        description="Cold compiles admitted at once: the upstream's compile pool (vLLM 0.32: "
+        "`(cpu_count + 1) // 2` threads; 4 for an 8-core server). A cold compile holds a "
+        "worker for its estimated CPU seconds; with none free, 503 "
+        "`guided_compile_pool_busy` with `retry-after`. Exact repeats are not cold. Per "
+        "replica: divide by the guard's replicas.",
+    )
+    max_cold_compiles_per_s: PosFloat = Field(
+        default=10.0,
+        description="Cold compiles admitted per second over all tenants (a bucket of one "
+        "second's worth), so a flood of unique constraints cannot churn the upstream's grammar "
+        "cache; beyond it 503 `guided_compile_pool_busy`. Per replica.",
+    )
+    upstream_grammar_cache_mb: PosFloat = Field(
+        default=512.0,
+        description="The upstream's compiled-grammar cache (vLLM: `VLLM_XGRAMMAR_CACHE_MB`, "
+        "512 by default): the guard remembers the constraints it admitted in an LRU of this "
+        "size (each weighed by its estimated compiled size), and charges a constraint to the "
+        "tenant's compile bucket only when it is not there (kind and text, as vLLM keys its "
+        "cache). Per replica.",
+    )
     # Choice lists.
     max_choices: PosInt = Field(default=256, description="Most `guided_choice` entries.")
     max_choice_chars: PosInt = Field(
         default=65_536, description="Most characters over all `guided_choice` entries."
     )
+
+    def vocabulary(self, tokenizer: int | None = None) -> int:
+        """The vocabulary size the backend costs are priced at: ``vocab_size`` when set, else
+        ``tokenizer`` (the configured tokenizer's size), else :data:`CALIBRATION_VOCAB`."""
+        return self.vocab_size or tokenizer or CALIBRATION_VOCAB
 
     @property
     def recursive_refs_allowed(self) -> bool:

@@ -22,7 +22,10 @@ A policy that names one backend (vLLM pinned with ``--structured-outputs-config`
 backend only.
 
 Refusals: ``guided_backend_cost_exceeded`` (HTTP 400), the backend named first in the message;
-``param`` is the constraint's field.
+``param`` is the constraint's field. The compile-CPU limit is a per-constraint ceiling at the
+model's vocabulary (``backend_max_compile_s``; ``outlines_max_compile_s``, stricter, for
+outlines): what a tenant spends over time is the compile budget's (guard/admission/_compile.py),
+which charges the estimate :func:`check_constraint` returns.
 """
 
 from __future__ import annotations
@@ -198,14 +201,17 @@ def _refuse(backend: str, message: str, path: tuple[str | int, ...]) -> NoReturn
     raise LimitExceeded(BACKEND_COST_CODE, f"{backend}: {message}", param=fmt_path(path))
 
 
-def _over(est: Estimate, limits: GuidedLimits) -> str | None:
+def _over(est: Estimate, limits: GuidedLimits, backend: str) -> str | None:
     why = f" ({est.why[0]})" if est.why else ""
+    ceiling = (
+        limits.outlines_max_compile_s if backend == "outlines" else limits.backend_max_compile_s
+    )
     if est.compile_s == float("inf"):
         return f"its compile cost cannot be bounded{why}"
-    if est.compile_s > limits.backend_max_compile_s:
+    if est.compile_s > ceiling:
         return (
-            f"compiling it would take ~{est.compile_s:.3g} s of CPU, over the budget of "
-            f"{limits.backend_max_compile_s:g} s{why}"
+            f"compiling it would take ~{est.compile_s:.3g} s of CPU, over the ceiling of "
+            f"{ceiling:g} s{why}"
         )
     if est.mem_mb > limits.backend_max_compile_mb:
         shown = "unbounded" if est.mem_mb == float("inf") else f"~{est.mem_mb:.3g} MiB"
@@ -227,9 +233,14 @@ def check_constraint(
     path: tuple[str | int, ...],
     limits: GuidedLimits,
     facts: Memo | None = None,
-) -> None:
-    """Refuse one constraint over a reachable backend's budget. ``facts``: schema facts the
-    check gathered (a schema's objects are then not walked again)."""
+    *,
+    vocab: int | None = None,
+) -> float:
+    """Refuse one constraint over a reachable backend's ceilings; return its estimated cold
+    compile (CPU seconds, the largest over the backends that may compile it), which the
+    compile budget charges. ``facts``: schema facts the check gathered (a schema's objects are
+    then not walked again); ``vocab``: the configured tokenizer's size (see
+    :meth:`GuidedLimits.vocabulary`)."""
     if kind == "json" and isinstance(spec, Mapping):
         # one walk for the route and every estimate (the tools' parameters reused)
         got = facts_of(spec, facts)
@@ -243,19 +254,25 @@ def check_constraint(
             "backend it builds for every later request",
             path,
         )
+    size = limits.vocabulary(vocab)
+    cold = 0.0
     for backend in reach:
-        est = _ESTIMATORS[backend](kind, spec, limits.vocab_size, facts)
+        est = _ESTIMATORS[backend](kind, spec, size, facts)
         if not est.accepted:
             continue
-        over = _over(est, limits)
+        over = _over(est, limits, backend)
         if over is not None:
             _refuse(backend, over, path)
+        cold = max(cold, est.compile_s)
+    return cold
 
 
-def check_backend_costs(body: Mapping[str, Any], limits: GuidedLimits) -> None:
+def check_backend_costs(
+    body: Mapping[str, Any], limits: GuidedLimits, *, vocab: int | None = None
+) -> None:
     """Refuse (``guided_backend_cost_exceeded``) a constraint whose estimated cost on a
-    backend that may compile it is over the policy's budgets."""
+    backend that may compile it is over the policy's ceilings."""
     if not limits.backends:
         return
     for kind, spec, path in constraints(body):
-        check_constraint(kind, spec, path, limits)
+        check_constraint(kind, spec, path, limits, vocab=vocab)

@@ -28,14 +28,18 @@ from guard.guided.schema import largest_bound_product
 from tests._support import REPO_ROOT
 
 DEFAULT = GuidedLimits()
+CL100K = 100_277  # tiktoken's cl100k_base, the default tokenizer's vocabulary
 ONLY = {b: GuidedLimits(backends=(b,)) for b in ("xgrammar", "guidance", "outlines")}
 PLAIN_REGEXES = ["(a|b)*a(a|b){12}", "(a|b)*a(a|b){16}", "(a|b)*a(a|b){20}", "[ab]*a[ab]{18}"]
 
 
-def refusal(body: dict[str, Any], limits: GuidedLimits = DEFAULT) -> tuple[str, str] | None:
-    """(code, backend or message head) of the refusal, or None when admitted."""
+def refusal(
+    body: dict[str, Any], limits: GuidedLimits = DEFAULT, *, vocab: int | None = None
+) -> tuple[str, str] | None:
+    """(code, backend or message head) of the refusal, or None when admitted; ``vocab`` the
+    tokenizer's vocabulary size (None: the calibration vocabulary, 32,768)."""
     try:
-        check_structured_outputs(body, limits)
+        check_structured_outputs(body, limits, vocab=vocab)
     except GuardError as e:
         return e.code, e.message.split(":", 1)[0]
     return None
@@ -154,17 +158,50 @@ def test_xgrammar_per_token_mask_cliff() -> None:
 
 
 def test_xgrammar_wide_bounded_repetition() -> None:
+    # a 1000-character string: ~9.8 s estimated at cl100k's 100,277 tokens, over the 8 s
+    # ceiling; ~3.2 s at 32k, under it (the compile bucket's to charge)
     body = request_body("json", {"type": "object", "properties": {"t": {"maxLength": 1000}}})
     body["response_format"]["json_schema"]["schema"]["properties"]["t"]["type"] = "string"
-    assert refusal(body) == (BACKEND_COST_CODE, "xgrammar")
+    assert refusal(body, vocab=CL100K) == (BACKEND_COST_CODE, "xgrammar")
+    assert refusal(body) is None
     small = request_body("json", {"type": "string", "maxLength": 64})
-    assert refusal(small) is None
+    assert refusal(small, vocab=CL100K) is None
 
 
 def test_vocabulary_scales_the_estimate() -> None:
-    body = request_body("regex", "[A-Za-z ]{1,50}")
-    assert refusal(body) is None
+    body = request_body("json", {"type": "string", "maxLength": 1000})
+    assert refusal(body) is None  # 32k
+    assert refusal(body, vocab=CL100K) == (BACKEND_COST_CODE, "xgrammar")
+    assert refusal(body, vocab=128_256) == (BACKEND_COST_CODE, "xgrammar")
+    # vocab_size overrides the tokenizer's, both ways
+    assert refusal(body, GuidedLimits(vocab_size=32_768), vocab=CL100K) is None
     assert refusal(body, GuidedLimits(vocab_size=262_144)) == (BACKEND_COST_CODE, "xgrammar")
+    assert GuidedLimits().vocabulary(None) == 32_768
+    assert GuidedLimits().vocabulary(CL100K) == CL100K
+    assert GuidedLimits(vocab_size=4096).vocabulary(CL100K) == 4096
+
+
+def test_outlines_keeps_its_strict_ceiling() -> None:
+    # the same estimate is under the xgrammar/guidance ceiling and over outlines' 1 s
+    only_outlines = GuidedLimits(backends=("outlines",))
+    body = request_body("regex", "(a|b)*a(a|b){12}")
+    assert refusal(body, only_outlines, vocab=CL100K) == (BACKEND_COST_CODE, "outlines")
+    assert refusal(body, vocab=CL100K) is None
+    ceiling = GuidedLimits(backends=("outlines",), outlines_max_compile_s=1e6)
+    assert refusal(request_body("regex", "[a-z]{3}@[a-z]{3}"), ceiling, vocab=CL100K) is None
+
+
+def test_the_ceiling_is_per_backend_and_the_estimate_returned() -> None:
+    from guard.guided.backends import check_constraint
+
+    spec = {"type": "string", "maxLength": 100}
+    cold = check_constraint("json", spec, ("x",), DEFAULT, vocab=CL100K)
+    assert cold == xgrammar_cost("json", spec, CL100K).compile_s > 1.0
+    with pytest.raises(GuardError) as e:
+        check_constraint(
+            "json", spec, ("x",), GuidedLimits(backend_max_compile_s=1.0), vocab=CL100K
+        )
+    assert e.value.code == BACKEND_COST_CODE and "ceiling of 1 s" in e.value.message
 
 
 def test_no_backends_no_cost_check() -> None:
