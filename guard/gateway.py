@@ -172,6 +172,7 @@ class Gateway:
         guided = policy.limits.guided
         self.compile_caps = CompileCaps(
             guided.upstream_compile_workers,
+            guided.compile_queue_s,
             guided.max_cold_compiles_per_s,
             guided.upstream_grammar_cache_mb,
         )

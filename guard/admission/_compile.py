@@ -21,14 +21,18 @@ guard therefore charges a constraint only when it is cold:
   shared between replicas like the other limits). The charge is the cold constraints'
   estimated compile, capped at the bucket's capacity. Empty: 429
   ``guided_compile_budget_exhausted`` with ``retry-after``.
-- **Globally** (per replica): cold compiles at once, each holding one of the upstream's pool
-  workers for its estimated seconds (``limits.guided.upstream_compile_workers``), and cold
-  compiles per second (``limits.guided.max_cold_compiles_per_s``), so a flood from many
-  tenants cannot starve the pool or churn the cache. Over either: 503
+- **Globally** (per replica): the upstream's compile pool, ``W`` =
+  ``limits.guided.upstream_compile_workers`` workers each compiling one grammar at a time, as
+  a bucket of worker-seconds refilled at ``W`` a second and holding ``W`` x
+  ``limits.guided.compile_queue_s`` (the work the pool may have ahead of it: a burst is
+  queued there, as vLLM queues it, but no more than that), each cold compile taking its
+  estimate; and cold compiles per second (``limits.guided.max_cold_compiles_per_s``, a bucket
+  of five seconds' worth), so a
+  flood from many tenants cannot starve the pool or churn the cache. Over either: 503
   ``guided_compile_pool_busy`` with ``retry-after`` (the server is busy, not the client at
-  fault). One tenant's cold compiles hold at most half the workers (at least one): beyond,
-  that tenant gets the 429, so its own flood, while its bucket lasts, cannot take the whole
-  pool from the others.
+  fault). One tenant takes at most half the pool (a bucket of half the size and rate, per
+  tenant in memory): beyond, that tenant gets the 429, so its own flood, while its bucket
+  lasts, cannot take the whole pool from the others.
 
 A refusal charges nothing: the tenant's charge is refunded when a global cap refuses, and
 nothing is remembered as seen.
@@ -43,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from guard.admission._buckets import EPSILON, RateLimits, refill, retry_after_header
+from guard.admission._buckets import RateLimits, refill, retry_after_header, wait_for
 from guard.admission._ratelimit import MemoryRateLimiter, RateLimiter
 from guard.errors import GuardError, Overloaded, RateLimited
 
@@ -58,6 +62,9 @@ __all__ = [
 
 BUDGET_EXHAUSTED = "guided_compile_budget_exhausted"
 POOL_BUSY = "guided_compile_pool_busy"
+# The cold-compiles-per-second bucket holds this many seconds' worth: an application warming
+# its schemas at start-up (50 at 10 a second) passes, a sustained flood does not.
+_RATE_BURST_S = 5.0
 
 
 class ColdCost(Protocol):
@@ -75,10 +82,11 @@ class ColdCost(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class CompileCaps:
-    """The global caps (per replica): the upstream's compile workers, cold compiles per
-    second, and the size of its grammar cache in MB."""
+    """The global caps (per replica): the upstream's compile workers, the seconds of work its
+    pool may have ahead, cold compiles per second, and the size of its grammar cache in MB."""
 
     workers: int
+    queue_s: float
     per_s: float
     cache_mb: float
 
@@ -90,8 +98,8 @@ class CompileMetrics:
     cold: int = 0  # constraints admitted cold (charged)
     warm: int = 0  # constraints admitted as exact repeats (free)
     charged_ms: int = 0  # estimated compile milliseconds charged to tenants
-    refused_budget: int = 0  # requests refused: a tenant's bucket was short
-    refused_pool: int = 0  # requests refused: every worker busy
+    refused_budget: int = 0  # requests refused: a tenant's bucket or pool share was short
+    refused_pool: int = 0  # requests refused: the compile pool has enough work ahead
     refused_rate: int = 0  # requests refused: cold compiles per second
     evicted: int = 0  # constraints forgotten by the LRU
 
@@ -117,10 +125,10 @@ class CompileBudget:
         self._clock = clock
         self._seen: OrderedDict[bytes, float] = OrderedDict()  # key -> grammar MB
         self._seen_mb = 0.0
-        # (when it is free again, the tenant) of each worker held by a cold compile
-        self._busy: list[tuple[float, str]] = []
-        self._rate_level: float | None = None  # cold compiles the per-second bucket holds
-        self._rate_stamp = 0.0
+        self._pool = _Level()  # worker-seconds of the upstream's compile pool
+        self._per_s = _Level()  # cold compiles this second
+        self._shares: dict[str, _Level] = {}  # each tenant's half of the pool
+        self._ops = 0
 
     def __len__(self) -> int:
         """Constraints remembered as compiled."""
@@ -170,7 +178,7 @@ class CompileBudget:
                     headers={"retry-after": wait},
                 ) from None
         now = self._clock()
-        refusal = self._global_refusal(tenant, len(cold), caps, now)
+        refusal = self._global_refusal(tenant, cold, caps, now)
         if refusal is not None:
             if reservation is not None:
                 await self.limiter.release(reservation)
@@ -183,53 +191,56 @@ class CompileBudget:
 
     # ---- the global caps ------------------------------------------------------------------
 
-    def _rate(self, caps: CompileCaps, now: float) -> float:
-        capacity = max(1.0, caps.per_s)
-        if self._rate_level is None:
-            return capacity
-        return refill(self._rate_level, self._rate_stamp, now, capacity, caps.per_s)
-
     def _global_refusal(
-        self, tenant: str, n: int, caps: CompileCaps, now: float
+        self, tenant: str, cold: Sequence[ColdCost], caps: CompileCaps, now: float
     ) -> GuardError | None:
-        self._busy = [b for b in self._busy if b[0] > now]
-        share = max(1, caps.workers // 2)
-        need = min(n, share)  # more than that many queue upstream behind them
-        mine = sorted(t for t, who in self._busy if who == tenant)
-        if len(mine) + need > share:
-            # one tenant holds at most half the pool: its own flood cannot starve the others
-            self.metrics.refused_budget += 1
-            wait = retry_after_header(mine[len(mine) + need - share - 1] - now)
-            return RateLimited(
-                BUDGET_EXHAUSTED,
-                f"this API key's structured-output constraints already hold {len(mine)} of the "
-                f"upstream's {caps.workers} compile workers (at most {share} at once); retry "
-                f"in {wait} s, or reuse constraints already sent (exact repeats are free)",
-                headers={"retry-after": wait},
-            )
-        if len(self._busy) + need > caps.workers:
+        work = sum(c.compile_s for c in cold)
+        pool_cap, rate = caps.workers * caps.queue_s, float(caps.workers)
+        share = self._shares.get(tenant)
+        if share is not None:
+            wait = share.wait(min(work, pool_cap / 2), now, pool_cap / 2, rate / 2)
+            if wait > 0:
+                self.metrics.refused_budget += 1
+                header = retry_after_header(wait)
+                return RateLimited(
+                    BUDGET_EXHAUSTED,
+                    "this API key's new structured-output constraints already take half the "
+                    f"upstream's compile pool ({caps.workers} workers); retry in {header} s, "
+                    "or reuse constraints already sent (exact repeats are free)",
+                    headers={"retry-after": header},
+                )
+        wait = self._pool.wait(min(work, pool_cap), now, pool_cap, rate)
+        if wait > 0:
             self.metrics.refused_pool += 1
-            free_at = sorted(t for t, _ in self._busy)[len(self._busy) + need - caps.workers - 1]
             return _busy(
-                f"the upstream's {caps.workers} compile workers are busy with constraints "
-                "it has not compiled before",
-                free_at - now,
+                f"the upstream's {caps.workers} compile workers have "
+                f"{caps.queue_s:g} s of new constraints to compile ahead",
+                wait,
             )
-        need_rate = min(float(n), max(1.0, caps.per_s))
-        level = self._rate(caps, now)
-        if level + EPSILON < need_rate:
+        per_s = max(1.0, caps.per_s * _RATE_BURST_S)
+        wait = self._per_s.wait(min(float(len(cold)), per_s), now, per_s, caps.per_s)
+        if wait > 0:
             self.metrics.refused_rate += 1
             return _busy(
-                f"more than {caps.per_s:g} new structured-output constraints per second",
-                (need_rate - level) / caps.per_s,
+                f"more than {caps.per_s:g} new structured-output constraints a second", wait
             )
         return None
 
     def _commit(self, tenant: str, cold: Sequence[ColdCost], caps: CompileCaps, now: float) -> None:
-        share = max(1, caps.workers // 2)
-        self._busy.extend((now + c.compile_s, tenant) for c in cold[:share])
-        self._rate_level = self._rate(caps, now) - min(float(len(cold)), max(1.0, caps.per_s))
-        self._rate_stamp = now
+        work = sum(c.compile_s for c in cold)
+        pool_cap, rate = caps.workers * caps.queue_s, float(caps.workers)
+        self._pool.take(min(work, pool_cap), now, pool_cap, rate)
+        per_s = max(1.0, caps.per_s * _RATE_BURST_S)
+        self._per_s.take(min(float(len(cold)), per_s), now, per_s, caps.per_s)
+        share = self._shares.get(tenant)
+        if share is None:
+            share = self._shares[tenant] = _Level()
+        share.take(min(work, pool_cap / 2), now, pool_cap / 2, rate / 2)
+        self._ops += 1
+        if self._ops % 1024 == 0:  # forget the tenants whose share is whole again
+            idle = [t for t, lv in self._shares.items() if lv.full_at <= now]
+            for t in idle:
+                del self._shares[t]
         for c in cold:
             if c.key in self._seen:  # twice in one request
                 continue
@@ -242,6 +253,31 @@ class CompileBudget:
 
     async def aclose(self) -> None:
         await self.limiter.aclose()
+
+
+class _Level:
+    """A bucket in this process (full when new): its level at a time, refilled at a rate."""
+
+    __slots__ = ("full_at", "level", "stamp")
+
+    def __init__(self) -> None:
+        self.level: float | None = None
+        self.stamp = 0.0
+        self.full_at = 0.0
+
+    def at(self, now: float, capacity: float, rate: float) -> float:
+        if self.level is None:
+            return capacity
+        return refill(self.level, self.stamp, now, capacity, rate)
+
+    def wait(self, amount: float, now: float, capacity: float, rate: float) -> float:
+        """Seconds until ``amount`` can be taken (0: now)."""
+        return wait_for(self.at(now, capacity, rate), amount, rate)
+
+    def take(self, amount: float, now: float, capacity: float, rate: float) -> None:
+        self.level = self.at(now, capacity, rate) - amount
+        self.stamp = now
+        self.full_at = now + max(0.0, (capacity - self.level) / rate)
 
 
 def _busy(why: str, wait_s: float) -> Overloaded:

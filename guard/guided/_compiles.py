@@ -6,12 +6,13 @@ given as an object is serialised with ``json.dumps``), so an exact repeat costs 
 anything else, even a reordered schema, is compiled again. :func:`compile_key` keys the same
 way (a 16-byte BLAKE2b digest, so what is remembered has a fixed size whatever the constraint's).
 
-The compiled grammar's size is a coarse model: xgrammar's compiled grammars measured 4-27 MB at
-a 100k vocabulary (issue 23), the larger ones those whose compile was slower (their token-mask
-cache is what takes both the time and the memory). :func:`grammar_mb` takes 4 MB per 100k
-tokens plus 2 MB per estimated CPU second: a heavier guess than the smallest measured, so the
-guard forgets a grammar no later than the upstream would and charges again rather than
-admitting a compile as free.
+The compiled grammar's size is a coarse model: xgrammar 0.2.8's compiled grammars
+(``memory_size_bytes``) measured 0.04-0.6 MB for plain schemas and regexes and 4-14 MB for those
+with bounded strings at cl100k_base (bench/README.md, issue 23), the larger ones those whose
+compile was slower (their token-mask cache takes both the time and the memory).
+:func:`grammar_mb` takes 0.5 MB per 100k tokens plus 2 MB per estimated CPU second, above most
+of the measured sizes, so the guard forgets a grammar no later than the upstream would and
+charges again rather than admitting a compile as free.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 __all__ = ["Compile", "compile_key", "grammar_mb"]
 
-_BASE_MB_PER_100K = 4.0
+_BASE_MB_PER_100K = 0.5
 _MB_PER_CPU_S = 2.0
 
 

@@ -159,14 +159,15 @@ class GuidedLimits:
         "the guard counts with is not the model's.",
     )
     backend_max_compile_s: PosFloat = Field(
-        default=8.0,
+        default=10.0,
         description="Ceiling of one constraint's estimated cold compile on xgrammar or "
-        "guidance, in CPU seconds at the model's vocabulary (400 "
-        "`guided_backend_cost_exceeded` over it). A ceiling, not a budget: vLLM compiles in a "
-        "thread pool off the engine loop and caches grammars by their text, so what a tenant "
-        "may spend over time is the compile bucket's (`rate.guided_compile_s_per_minute`); "
-        "this only refuses what no ordinary application sends (the heaviest benign "
-        "constraints measured ~4 s at 100k tokens).",
+        "guidance, in CPU seconds at a 100,000-token vocabulary whatever the model's (a "
+        "property of the constraint's shape; 400 `guided_backend_cost_exceeded` over it). A "
+        "ceiling, not a budget: vLLM compiles in a thread pool off the engine loop and caches "
+        "grammars by their text, so what a key spends over time, at the model's vocabulary, "
+        "is the compile bucket's (`rate.guided_compile_s_per_minute`); this refuses only what "
+        "ordinary applications do not send (measured with xgrammar 0.2.8 at cl100k_base: "
+        "an address, an invoice or a resume with bounded fields 6-8.4 s; bench/README.md).",
     )
     outlines_max_compile_s: PosFloat = Field(
         default=1.0,
@@ -186,17 +187,26 @@ class GuidedLimits:
     # The compile budget's global caps (guard/admission/_compile.py), per guard replica.
     upstream_compile_workers: PosInt = Field(
         default=4,
-        description="Cold compiles admitted at once: the upstream's compile pool (vLLM 0.32: "
-        "`(cpu_count + 1) // 2` threads; 4 for an 8-core server). A cold compile holds a "
-        "worker for its estimated CPU seconds; with none free, 503 "
-        "`guided_compile_pool_busy` with `retry-after`. Exact repeats are not cold. Per "
-        "replica: divide by the guard's replicas.",
+        description="The upstream's compile pool: workers compiling one grammar each at a time "
+        "(vLLM 0.32: `(cpu_count + 1) // 2` threads; 4 for an 8-core server). The guard gives "
+        "the pool cold compiles (their estimates) at most this many CPU-seconds a second, "
+        "`compile_queue_s` ahead; one API key at most half. Exact repeats are not cold. Over "
+        "it: 503 `guided_compile_pool_busy` with `retry-after` (a key over its half: 429 "
+        "`guided_compile_budget_exhausted`). Per replica: divide by the guard's replicas.",
+    )
+    compile_queue_s: PosFloat = Field(
+        default=30.0,
+        description="Seconds of cold-compile work the upstream's pool may have ahead of it "
+        "(`upstream_compile_workers` x this many CPU-seconds at once): an application "
+        "warming its schemas is queued there, as vLLM queues it; a flood of new constraints "
+        "is refused beyond it.",
     )
     max_cold_compiles_per_s: PosFloat = Field(
         default=10.0,
-        description="Cold compiles admitted per second over all tenants (a bucket of one "
-        "second's worth), so a flood of unique constraints cannot churn the upstream's grammar "
-        "cache; beyond it 503 `guided_compile_pool_busy`. Per replica.",
+        description="Cold compiles admitted per second over all tenants (a bucket of five "
+        "seconds' worth: an application warming 50 schemas at once passes), so a flood of "
+        "unique constraints cannot churn the upstream's grammar cache; beyond it 503 "
+        "`guided_compile_pool_busy`. Per replica.",
     )
     upstream_grammar_cache_mb: PosFloat = Field(
         default=512.0,

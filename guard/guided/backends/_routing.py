@@ -22,10 +22,12 @@ A policy that names one backend (vLLM pinned with ``--structured-outputs-config`
 backend only.
 
 Refusals: ``guided_backend_cost_exceeded`` (HTTP 400), the backend named first in the message;
-``param`` is the constraint's field. The compile-CPU limit is a per-constraint ceiling at the
-model's vocabulary (``backend_max_compile_s``; ``outlines_max_compile_s``, stricter, for
-outlines): what a tenant spends over time is the compile budget's (guard/admission/_compile.py),
-which charges the estimate :func:`check_constraint` returns.
+``param`` is the constraint's field. The compile-CPU limit is a per-constraint ceiling:
+``backend_max_compile_s`` for xgrammar and guidance, on the estimate at a 100,000-token
+vocabulary (:data:`CEILING_VOCAB`: the constraint's shape, whatever the model), and
+``outlines_max_compile_s``, stricter, on outlines' estimate at the model's vocabulary. What a
+tenant spends over time is the compile budget's (guard/admission/_compile.py), which charges
+the estimate at the model's vocabulary that :func:`check_constraint` returns.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from guard.guided.schema import Memo, facts_of
 
 __all__ = [
     "BACKEND_COST_CODE",
+    "CEILING_VOCAB",
     "check_backend_costs",
     "check_constraint",
     "constraints",
@@ -50,6 +53,10 @@ __all__ = [
 ]
 
 BACKEND_COST_CODE = "guided_backend_cost_exceeded"
+# The vocabulary the xgrammar/guidance ceiling is stated at: a property of the constraint's shape
+# (what no ordinary application sends), whatever the model; the compile budget charges the
+# estimate at the model's own vocabulary.
+CEILING_VOCAB = 100_000
 _ESTIMATORS = {"outlines": outlines_cost, "xgrammar": xgrammar_cost, "guidance": guidance_cost}
 
 # ---- vLLM 0.32's routing helpers (request-only): guard/guided/schema/_facts.py (schemas) and
@@ -201,17 +208,21 @@ def _refuse(backend: str, message: str, path: tuple[str | int, ...]) -> NoReturn
     raise LimitExceeded(BACKEND_COST_CODE, f"{backend}: {message}", param=fmt_path(path))
 
 
-def _over(est: Estimate, limits: GuidedLimits, backend: str) -> str | None:
+def _over(est: Estimate, limits: GuidedLimits, backend: str, at_ref: float | None) -> str | None:
+    """Why ``est`` is over a ceiling, or None; ``at_ref``: the compile estimate at
+    :data:`CEILING_VOCAB` (xgrammar and guidance), None for outlines (its own vocabulary)."""
     why = f" ({est.why[0]})" if est.why else ""
-    ceiling = (
-        limits.outlines_max_compile_s if backend == "outlines" else limits.backend_max_compile_s
-    )
     if est.compile_s == float("inf"):
         return f"its compile cost cannot be bounded{why}"
-    if est.compile_s > ceiling:
+    if at_ref is None and est.compile_s > limits.outlines_max_compile_s:
         return (
             f"compiling it would take ~{est.compile_s:.3g} s of CPU, over the ceiling of "
-            f"{ceiling:g} s{why}"
+            f"{limits.outlines_max_compile_s:g} s{why}"
+        )
+    if at_ref is not None and at_ref > limits.backend_max_compile_s:
+        return (
+            f"compiling it would take ~{at_ref:.3g} s of CPU at a {CEILING_VOCAB:,}-token "
+            f"vocabulary, over the ceiling of {limits.backend_max_compile_s:g} s{why}"
         )
     if est.mem_mb > limits.backend_max_compile_mb:
         shown = "unbounded" if est.mem_mb == float("inf") else f"~{est.mem_mb:.3g} MiB"
@@ -257,10 +268,21 @@ def check_constraint(
     size = limits.vocabulary(vocab)
     cold = 0.0
     for backend in reach:
-        est = _ESTIMATORS[backend](kind, spec, size, facts)
+        estimate = _ESTIMATORS[backend]
+        est = estimate(kind, spec, size, facts)
         if not est.accepted:
             continue
-        over = _over(est, limits, backend)
+        at_ref: float | None = None
+        if backend != "outlines":
+            # The estimates grow with the vocabulary: at the reference one it is lower when
+            # the model's is larger and within the ceiling, higher when smaller and over it.
+            ceiling = limits.backend_max_compile_s
+            at_ref = est.compile_s
+            if (size > CEILING_VOCAB and at_ref > ceiling) or (
+                size < CEILING_VOCAB and at_ref <= ceiling
+            ):
+                at_ref = estimate(kind, spec, CEILING_VOCAB, facts).compile_s
+        over = _over(est, limits, backend, at_ref)
         if over is not None:
             _refuse(backend, over, path)
         cold = max(cold, est.compile_s)

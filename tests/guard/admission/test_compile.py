@@ -23,7 +23,7 @@ from guard.admission import (
 from guard.errors import GuardError, Overloaded, RateLimited
 from guard.guided import Compile, compile_key, grammar_mb
 
-CAPS = CompileCaps(workers=8, per_s=100.0, cache_mb=512.0)
+CAPS = CompileCaps(workers=8, queue_s=10.0, per_s=100.0, cache_mb=512.0)
 # 10 s at once, 6 s a minute (0.1 s a second)
 SMALL = RateLimits(guided_compile_burst_s=10.0, guided_compile_s_per_minute=6.0)
 
@@ -77,7 +77,7 @@ def test_the_key_is_kind_and_exact_text() -> None:
     assert compile_key("json", a) != compile_key("json", b)  # vLLM's cache misses too
     assert compile_key("regex", "a+") != compile_key("grammar", "a+")
     assert len(compile_key("json", a)) == 16
-    assert grammar_mb(0.0, 100_000) == 4.0 and grammar_mb(3.0, 100_000) == 10.0
+    assert grammar_mb(0.0, 100_000) == 0.5 and grammar_mb(3.0, 100_000) == 6.5
 
 
 # ---- per tenant ---------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ async def test_an_unlimited_tenant_is_not_charged_but_the_global_caps_hold(
     budget = CompileBudget(clock=clock)
     unlimited = RateLimits(guided_compile_s_per_minute=None)
     assert unlimited.compile_limits is None
-    caps = CompileCaps(workers=2, per_s=100.0, cache_mb=512.0)
+    caps = CompileCaps(workers=2, queue_s=5.0, per_s=100.0, cache_mb=512.0)
     assert await budget.admit("anon", [schema(1, s=5.0)], unlimited, caps) == 5.0
     assert code(await outcome(budget, "anon", [schema(2)], unlimited, caps)) == BUDGET_EXHAUSTED
     assert budget.metrics.charged_ms == 0
@@ -145,49 +145,51 @@ async def test_an_unlimited_tenant_is_not_charged_but_the_global_caps_hold(
 # ---- the global caps ----------------------------------------------------------------------------
 
 
-async def test_the_compile_pool_is_held_for_the_estimate(clock: FakeClock) -> None:
+async def test_the_compile_pool_takes_its_workers_seconds_ahead(clock: FakeClock) -> None:
+    # 2 workers, 5 s ahead: 10 worker-seconds at once, 2 a second; a tenant at most half
     budget = CompileBudget(clock=clock)
-    caps = CompileCaps(workers=2, per_s=100.0, cache_mb=512.0)
+    caps = CompileCaps(workers=2, queue_s=5.0, per_s=100.0, cache_mb=512.0)
     roomy = RateLimits()
     assert await budget.admit("a", [schema(1, s=5.0)], roomy, caps) == 5.0
     assert await budget.admit("b", [schema(2, s=4.0)], roomy, caps) == 4.0
     busy = await outcome(budget, "c", [schema(3)], roomy, caps)
     assert isinstance(busy, Overloaded) and busy.code == POOL_BUSY and busy.status == 503
-    assert busy.headers["retry-after"] == "4"
-    # a repeat needs no worker
+    assert busy.headers["retry-after"] == "1"  # (3 - 1) / 2 workers
+    # a repeat needs no compile
     assert await budget.admit("c", [schema(1)], roomy, caps) == 0.0
     # the refused tenant was not charged: its bucket is whole
     assert budget.metrics.charged_ms == 9000 and budget.metrics.refused_pool == 1
-    clock.advance(4.0)
+    clock.advance(1.0)
     assert await budget.admit("c", [schema(3)], roomy, caps) == 3.0
 
 
-async def test_one_tenant_holds_at_most_half_the_pool(clock: FakeClock) -> None:
+async def test_one_tenant_takes_at_most_half_the_pool(clock: FakeClock) -> None:
+    # 4 workers, 10 s ahead: 40 worker-seconds, a tenant's half 20 (refilled at 2 a second)
     budget = CompileBudget(clock=clock)
-    caps = CompileCaps(workers=4, per_s=100.0, cache_mb=512.0)
+    caps = CompileCaps(workers=4, queue_s=10.0, per_s=100.0, cache_mb=512.0)
     roomy = RateLimits(guided_compile_burst_s=1000.0)
-    assert await budget.admit("flood", [schema(1)], roomy, caps) == 3.0
-    assert await budget.admit("flood", [schema(2)], roomy, caps) == 3.0
-    third = await outcome(budget, "flood", [schema(3)], roomy, caps)
-    assert code(third) == BUDGET_EXHAUSTED and isinstance(third, RateLimited)
-    assert await budget.admit("benign", [schema(10)], roomy, caps) == 3.0
-    assert await budget.admit("benign", [schema(11)], roomy, caps) == 3.0
+    got = [await outcome(budget, "flood", [schema(i)], roomy, caps) for i in range(8)]
+    assert [code(r) for r in got] == [None] * 6 + [BUDGET_EXHAUSTED] * 2
+    assert isinstance(got[6], RateLimited) and got[6].headers["retry-after"] == "1"
+    # the other half is the others'
+    assert [await budget.admit("benign", [schema(10 + i)], roomy, caps) for i in range(6)] == [
+        3.0
+    ] * 6
+    assert code(await outcome(budget, "third", [schema(30, s=5.0)], roomy, caps)) == POOL_BUSY
 
 
 async def test_cold_compiles_per_second(clock: FakeClock) -> None:
+    # 2 a second, five seconds' worth at once (a start-up's warming)
     budget = CompileBudget(clock=clock)
-    caps = CompileCaps(workers=100, per_s=2.0, cache_mb=512.0)
+    caps = CompileCaps(workers=100, queue_s=10.0, per_s=2.0, cache_mb=512.0)
     roomy = RateLimits()
-    tiny = [schema(i, s=0.002) for i in range(4)]
-    assert [code(await outcome(budget, f"t{i}", [c], roomy, caps)) for i, c in enumerate(tiny)] == [
-        None,
-        None,
-        POOL_BUSY,
-        POOL_BUSY,
-    ]
+    tiny = [schema(i, s=0.002) for i in range(12)]
+    got = [code(await outcome(budget, f"t{i}", [c], roomy, caps)) for i, c in enumerate(tiny)]
+    assert got == [None] * 10 + [POOL_BUSY] * 2
     assert budget.metrics.refused_rate == 2
     clock.advance(0.5)
-    assert await budget.admit("t2", [tiny[2]], roomy, caps) == 0.002
+    assert await budget.admit("t10", [tiny[10]], roomy, caps) == 0.002
+    assert code(await outcome(budget, "t11", [tiny[11]], roomy, caps)) == POOL_BUSY
 
 
 # ---- the LRU ------------------------------------------------------------------------------------
@@ -195,7 +197,7 @@ async def test_cold_compiles_per_second(clock: FakeClock) -> None:
 
 async def test_the_lru_is_sized_like_the_upstreams_cache(clock: FakeClock) -> None:
     budget = CompileBudget(clock=clock)
-    caps = CompileCaps(workers=100, per_s=100.0, cache_mb=10.0)
+    caps = CompileCaps(workers=100, queue_s=10.0, per_s=100.0, cache_mb=10.0)
     roomy = RateLimits()
     for i in range(3):  # 4 MB each: the third evicts the first
         await budget.admit("a", [schema(i, s=0.1, mb=4.0)], roomy, caps)
@@ -257,12 +259,16 @@ async def test_a_refusal_by_a_global_cap_refunds_the_shared_bucket(
     replicas: list[CompileBudget], clock: FakeClock
 ) -> None:
     one, two = replicas
-    caps = CompileCaps(workers=2, per_s=100.0, cache_mb=512.0)
+    caps = CompileCaps(workers=2, queue_s=5.0, per_s=100.0, cache_mb=512.0)
     await one.admit("a", [schema(1, s=5.0)], SMALL, caps)
+    # a's half of the pool is taken: refused, and its 5 s given back
     assert code(await outcome(one, "a", [schema(2, s=5.0)], SMALL, caps)) == BUDGET_EXHAUSTED
+    assert await two.admit("a", [schema(2, s=5.0)], SMALL, caps) == 5.0
     await one.admit("b", [schema(3, s=1.0)], SMALL, caps)
-    assert code(await outcome(one, "c", [schema(4, s=4.0)], SMALL, caps)) == POOL_BUSY
-    # c's 4 s were given back: its whole 10 s are there on the other replica
+    assert code(await outcome(one, "c", [schema(4, s=4.5)], SMALL, caps)) == POOL_BUSY
+    # c's 4.5 s were given back: after 5 s (its bucket refilled by 0.5 s, the pools whole) its
+    # whole 10 s are there on the other replica
+    clock.advance(5.0)
     assert await two.admit("c", [schema(5, s=10.0)], SMALL, caps) == 10.0
 
 
@@ -342,5 +348,5 @@ async def test_the_gateway_charges_cold_constraints_per_tenant(clock: FakeClock)
         assert await _send(gw, benign, _chat(_person(0))) == (200, None)
     assert gw.compile_budget.metrics.warm == 20
     # over the per-constraint ceiling: 400, whatever the bucket holds
-    huge = {"type": "string", "maxLength": 1000}
+    huge = {"type": "string", "maxLength": 2000}
     assert await _send(gw, benign, _chat(huge)) == (400, "guided_backend_cost_exceeded")

@@ -158,24 +158,40 @@ def test_xgrammar_per_token_mask_cliff() -> None:
 
 
 def test_xgrammar_wide_bounded_repetition() -> None:
-    # a 1000-character string: ~9.8 s estimated at cl100k's 100,277 tokens, over the 8 s
-    # ceiling; ~3.2 s at 32k, under it (the compile bucket's to charge)
-    body = request_body("json", {"type": "object", "properties": {"t": {"maxLength": 1000}}})
+    # a 2000-character string: ~17.8 s estimated at 100k tokens, over the 10 s ceiling; a
+    # 1000-character one ~9.8 s, under it (measured 5.7 s at cl100k_base: the compile
+    # bucket's to charge)
+    body = request_body("json", {"type": "object", "properties": {"t": {"maxLength": 2000}}})
     body["response_format"]["json_schema"]["schema"]["properties"]["t"]["type"] = "string"
     assert refusal(body, vocab=CL100K) == (BACKEND_COST_CODE, "xgrammar")
-    assert refusal(body) is None
+    assert (
+        refusal(request_body("json", {"type": "string", "maxLength": 1000}), vocab=CL100K) is None
+    )
     small = request_body("json", {"type": "string", "maxLength": 64})
     assert refusal(small, vocab=CL100K) is None
 
 
-def test_vocabulary_scales_the_estimate() -> None:
-    body = request_body("json", {"type": "string", "maxLength": 1000})
-    assert refusal(body) is None  # 32k
-    assert refusal(body, vocab=CL100K) == (BACKEND_COST_CODE, "xgrammar")
-    assert refusal(body, vocab=128_256) == (BACKEND_COST_CODE, "xgrammar")
-    # vocab_size overrides the tokenizer's, both ways
-    assert refusal(body, GuidedLimits(vocab_size=32_768), vocab=CL100K) is None
-    assert refusal(body, GuidedLimits(vocab_size=262_144)) == (BACKEND_COST_CODE, "xgrammar")
+@pytest.mark.parametrize("vocab", [4096, 32_768, CL100K, 128_256, 262_144])
+def test_the_ceiling_is_the_constraints_shape_whatever_the_vocabulary(vocab: int) -> None:
+    # the xgrammar/guidance ceiling is on the estimate at 100,000 tokens: the same verdict
+    # at every vocabulary (the bucket charges the model's)
+    assert refusal(request_body("json", {"type": "string", "maxLength": 1000}), vocab=vocab) is None
+    over = request_body("json", {"type": "string", "maxLength": 2000})
+    assert refusal(over, vocab=vocab) == (BACKEND_COST_CODE, "xgrammar")
+
+
+def test_vocabulary_scales_the_charged_estimate() -> None:
+    from guard.guided.backends import check_constraint
+
+    spec = {"type": "string", "maxLength": 280}
+    at = {v: check_constraint("json", spec, ("x",), DEFAULT, vocab=v) for v in (32_768, CL100K)}
+    assert 3.0 < at[CL100K] / at[32_768] < 3.1
+    # vocab_size overrides the tokenizer's; unset and no tokenizer: the calibration vocabulary
+    assert (
+        check_constraint("json", spec, ("x",), GuidedLimits(vocab_size=32_768), vocab=CL100K)
+        == (at[32_768])
+    )
+    assert check_constraint("json", spec, ("x",), DEFAULT) == at[32_768]
     assert GuidedLimits().vocabulary(None) == 32_768
     assert GuidedLimits().vocabulary(CL100K) == CL100K
     assert GuidedLimits(vocab_size=4096).vocabulary(CL100K) == 4096
