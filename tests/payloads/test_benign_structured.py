@@ -1,6 +1,6 @@
-"""The benign structured-output corpus (issue 23): payloads/benign/structured/ (public examples and
-the application models issue 23 measured, each citing its source) and the structured requests
-of payloads/public/, admitted at the vocabularies of real models, and the load-test phase's
+"""The benign structured-output corpus (issue 23): payloads/public/structured/ (public examples and
+the application models issue 23 measured, each citing its source) and the other structured
+requests of payloads/public/, admitted at the vocabularies of real models, and the load-test phase's
 decisions through the gateway with a fake clock.
 
 Decisions only: verdicts, codes, counts.
@@ -23,8 +23,10 @@ from payloads import load_payload
 from payloads.loader import Payload
 from tests._support import REPO_ROOT
 
-STRUCTURED = sorted((REPO_ROOT / "payloads" / "benign" / "structured").glob("*.yaml"))
-PUBLIC = sorted((REPO_ROOT / "payloads" / "public").rglob("*.yaml"))
+STRUCTURED = sorted((REPO_ROOT / "payloads" / "public" / "structured").glob("*.yaml"))
+PUBLIC = sorted(
+    p for p in (REPO_ROOT / "payloads" / "public").rglob("*.yaml") if p.parent.name != "structured"
+)
 
 
 def _with_constraints(paths: list[Path]) -> list[Payload]:
