@@ -702,11 +702,16 @@ def xgrammar_cost(kind: str, spec: Any, vocab: int, facts: Memo | None = None) -
     if kind == "regex" and isinstance(spec, str):
         _xgr_regex(spec, vocab, est)
     elif kind == "json":
-        # each object's terms, objects in pre-order, children right to left
+        # each object's terms, objects in pre-order, children right to left; a string rule
+        # (its bounds) is compiled once per schema, however many properties share it
+        rules: set[tuple[str, str]] = set()
         for term in facts_of(spec, facts).xgr:
             tag = term[0]
             if tag == "L":
-                _, count, weight, key = term
+                _, count, weight, key, bounds = term
+                if (key, bounds) in rules:
+                    continue
+                rules.add((key, bounds))
                 est.compile_s += _wide_cost(count, vocab) * weight
                 if count >= 100:
                     est.why.append(f"a string {key} of {count}")

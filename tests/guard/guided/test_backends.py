@@ -374,3 +374,26 @@ def test_classes_rust_reads_as_nested_are_not_priced_as_python_reads_them() -> N
     )
     assert refusal(request_body("regex", "[[:alpha:]]{4}"), ONLY["outlines"]) is not None
     assert refusal(request_body("regex", r"[a-z\[]{4}"), ONLY["outlines"]) is None
+
+
+def _strings(bounds: list[int]) -> dict[str, Any]:
+    props = {f"p{i}": {"type": "string", "maxLength": n} for i, n in enumerate(bounds)}
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def test_xgrammar_compiles_a_string_rule_once_per_distinct_bounds() -> None:
+    # measured at cl100k_base (bench/guided_vocab.py): twelve maxLength-100 strings 2.2 s (one
+    # rule), twelve of maxLength 101-112 29.5 s (twelve rules)
+    same = xgrammar_cost("json", _strings([100] * 12), CL100K).compile_s
+    one = xgrammar_cost("json", _strings([100]), CL100K).compile_s
+    distinct = xgrammar_cost("json", _strings(list(range(101, 113))), CL100K).compile_s
+    assert same == one and distinct > 10 * one
+    assert refusal(request_body("json", _strings([100] * 12)), vocab=CL100K) is None
+    assert refusal(request_body("json", _strings(list(range(101, 113)))), vocab=CL100K) == (
+        BACKEND_COST_CODE,
+        "xgrammar",
+    )
+    # minLength makes another rule
+    mixed = _strings([100, 100])
+    mixed["properties"]["p1"]["minLength"] = 5
+    assert xgrammar_cost("json", mixed, CL100K).compile_s > 2 * one
