@@ -184,9 +184,13 @@ class CompileBudget:
                 await self.limiter.release(reservation)
             raise refusal
         self._commit(tenant, cold, caps, now)
+        for c in compiles:  # the warm ones are used again: the young end of the LRU
+            if c.key in self._seen and c not in cold:
+                self._seen.move_to_end(c.key)
         self.metrics.cold += len(cold)
         self.metrics.warm += len(compiles) - len(cold)
-        self.metrics.charged_ms += 0 if reservation is None else reservation.tokens
+        if reservation is not None and not reservation.degraded:
+            self.metrics.charged_ms += reservation.tokens
         return seconds
 
     # ---- the global caps ------------------------------------------------------------------
