@@ -348,5 +348,8 @@ async def test_the_gateway_charges_cold_constraints_per_tenant(clock: FakeClock)
         assert await _send(gw, benign, _chat(_person(0))) == (200, None)
     assert gw.compile_budget.metrics.warm == 20
     # over the per-constraint ceiling: 400, whatever the bucket holds
-    huge = {"type": "string", "maxLength": 2000}
+    huge = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string", "maxLength": 101 + i} for i in range(12)},
+    }
     assert await _send(gw, benign, _chat(huge)) == (400, "guided_backend_cost_exceeded")
