@@ -353,3 +353,52 @@ async def test_the_gateway_charges_cold_constraints_per_tenant(clock: FakeClock)
         "properties": {f"p{i}": {"type": "string", "maxLength": 101 + i} for i in range(12)},
     }
     assert await _send(gw, benign, _chat(huge)) == (400, "guided_backend_cost_exceeded")
+
+
+# ---- over HTTP: the error bodies ---------------------------------------------------------------
+
+
+async def test_the_refusals_over_http_are_openai_errors_with_retry_after() -> None:
+    import httpx
+
+    from guard.app import create_app
+    from guard.policy import policy_from_yaml
+    from tests._guard_harness import fake_upstream, serve
+
+    key = "sk-small-compile-key-1"
+    policy = policy_from_yaml(
+        f"keys: [{{key: {key}, tenant: small, rate: "
+        "{guided_compile_burst_s: 3, guided_compile_s_per_minute: 0.06}}]"
+    )
+    headers = {"authorization": f"Bearer {key}"}
+    async with fake_upstream() as fake:
+        app = create_app(policy, upstream_url=fake.url)  # refilled 1 ms a second: no waiting
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+            first = await client.post(
+                "/v1/chat/completions", json=_chat(_person(1)), headers=headers
+            )
+            assert first.status_code == 200, first.text
+            again = await client.post(
+                "/v1/chat/completions", json=_chat(_person(1)), headers=headers
+            )
+            assert again.status_code == 200  # an exact repeat: free
+            other = await client.post(
+                "/v1/chat/completions", json=_chat(_person(2)), headers=headers
+            )
+            assert other.status_code == 429
+            error = other.json()["error"]
+            assert error["code"] == BUDGET_EXHAUSTED and error["type"] == "rate_limit_error"
+            assert int(other.headers["retry-after"]) >= 1
+            costly = {
+                "type": "object",
+                "properties": {
+                    f"p{i}": {"type": "string", "maxLength": 101 + i} for i in range(12)
+                },
+            }
+            over = await client.post("/v1/chat/completions", json=_chat(costly), headers=headers)
+            assert over.status_code == 400
+            assert over.json()["error"]["code"] == "guided_backend_cost_exceeded"
+            assert "ceiling of 10 s" in over.json()["error"]["message"]
+            metrics = app.state.metrics.render().decode()
+    assert len(fake.received) == 2
+    assert 'schedguard_guard_guided_compile_events_total{event="refused_budget"} 1.0' in metrics
