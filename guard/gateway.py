@@ -68,7 +68,7 @@ from guard.tokens import TokenCounter, get_counter
 __all__ = ["Forward", "Gateway", "build_gateway", "forward_body", "reservable"]
 
 _MAX_TOKENIZED_DELTA = 1024
-COMPILE_PREFIX = "schedguard:gc:"  # the compile budget's tenant buckets in Redis
+_COMPILE_PREFIX = "schedguard:gc:"  # the compile budget's tenant buckets in Redis
 _VIEWED = frozenset(name.encode("latin-1") for name in (*KEPT_HEADERS, "authorization"))
 _NOTHING_TO_CHECK = Verdict(True)  # a GET without a body
 _WARM_UP_BODIES = (
@@ -451,8 +451,9 @@ def build_gateway(
 ) -> Gateway:
     """The gateway the policy describes. ``limiter`` defaults to the policy's (Redis when
     ``rate.redis_url`` is set, else in memory), and so do the compile budget's tenant buckets
-    (under their own Redis key prefix); ``concurrency`` to its per-key and global limits. ``tracer_provider`` forces OpenTelemetry spans on (tests); otherwise they follow
-    the ``OTEL_*`` environment. ``metrics_dir``: the directory the worker processes of one
+    (under their own Redis key prefix); ``concurrency`` to its per-key and global limits.
+    ``tracer_provider`` forces OpenTelemetry spans on (tests); otherwise they follow the
+    ``OTEL_*`` environment. ``metrics_dir``: the directory the worker processes of one
     server share (``--workers N``)."""
     if limiter is None:
         limiter = make_rate_limiter(
@@ -466,7 +467,7 @@ def build_gateway(
             policy.rate.redis_url,
             on_error=policy.rate.on_redis_failure,
             op_timeout_s=policy.rate.redis_timeout_s,
-            key_prefix=COMPILE_PREFIX,
+            key_prefix=_COMPILE_PREFIX,
         )
     compile_budget = CompileBudget(compile_limiter)
     if concurrency is None:
