@@ -3,7 +3,8 @@ constraint in the benign and public corpora (payloads/public/structured/ among t
 plus a few costly shapes, beside the guard's estimate and the default policy's verdict.
 
 The vocabulary is tiktoken's cl100k_base (the guard's default tokenizer, 100,277 ids), padded
-with filler tokens to larger sizes (``--vocab 128256``): the cost grows with the vocabulary's
+with filler tokens to larger sizes (``--vocab 128256``) and cut to its first ranks for smaller
+ones (``--vocab 32768``: the 32,768 most frequent merges): the cost grows with the vocabulary's
 size. Each vocabulary is measured in one child process (``--python``: an interpreter with
 xgrammar 0.2.8, such as the vLLM venv of scripts/upstreams; it needs no schedguard), under an
 8 GiB ``RLIMIT_AS``, one compile at a time with a fresh compiler (``cache_enabled=False``,
@@ -104,7 +105,7 @@ def _child(vocab_path: str, size: int, cases_path: str, out_path: str) -> None:
 
     import xgrammar as xgr  # the --python interpreter's
 
-    words = [bytes.fromhex(h) for h in json.loads(Path(vocab_path).read_text())]
+    words = [bytes.fromhex(h) for h in json.loads(Path(vocab_path).read_text())][:size]
     words += [f"<|pad_{i}|>".encode() for i in range(max(0, size - len(words)))]
     info = xgr.TokenizerInfo(words, vocab_type=xgr.VocabType.RAW, vocab_size=size)
     cases = json.loads(Path(cases_path).read_text())
