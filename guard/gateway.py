@@ -29,6 +29,8 @@ from types import MappingProxyType
 from typing import Any
 
 from guard.admission import (
+    CompileBudget,
+    CompileCaps,
     ConcurrencyLimiter,
     MemoryRateLimiter,
     RateLimiter,
@@ -66,6 +68,7 @@ from guard.tokens import TokenCounter, get_counter
 __all__ = ["Forward", "Gateway", "build_gateway", "forward_body", "reservable"]
 
 _MAX_TOKENIZED_DELTA = 1024
+_COMPILE_PREFIX = "schedguard:gc:"  # the compile budget's tenant buckets in Redis
 _VIEWED = frozenset(name.encode("latin-1") for name in (*KEPT_HEADERS, "authorization"))
 _NOTHING_TO_CHECK = Verdict(True)  # a GET without a body
 _WARM_UP_BODIES = (
@@ -162,8 +165,17 @@ class Gateway:
         tracing: Tracing | None,
         count_tokens: Callable[[str], int],
         client_timeout_s: float,
+        compile_budget: CompileBudget | None = None,
     ) -> None:
         self.policy = policy
+        self.compile_budget = compile_budget if compile_budget is not None else CompileBudget()
+        guided = policy.limits.guided
+        self.compile_caps = CompileCaps(
+            guided.upstream_compile_workers,
+            guided.compile_queue_s,
+            guided.max_cold_compiles_per_s,
+            guided.upstream_grammar_cache_mb,
+        )
         self.upstream = upstream
         self.limiter = limiter
         self._reserve_now = limiter.reserve_nowait if type(limiter) is MemoryRateLimiter else None
@@ -290,8 +302,11 @@ class Gateway:
         return Forward(body, costs.get("tokens_reserved", ex.prompt_tokens), relay_args)
 
     async def reserve(self, ex: Exchange, admission: Admission, tokens: int) -> Reservation:
-        """Charge the tenant's request and token buckets (raises 429 when they are short);
-        the guard's overhead (everything but reading the body) is observed up to here."""
+        """Charge the tenant's request and token buckets (raises 429 when they are short),
+        then the compile budget with the structured-output constraints the upstream has not
+        compiled recently (429 ``guided_compile_budget_exhausted``, 503
+        ``guided_compile_pool_busy``; the rate reservation is released then); the guard's
+        overhead (everything but reading the body) is observed up to here."""
         t_limit = time.perf_counter()
         overhead = t_limit - ex.start - ex.read_s
         rate = self.policy.rate_for(admission.key)
@@ -303,6 +318,13 @@ class Gateway:
             reservation = await self.limiter.reserve(
                 admission.tenant, limits=rate, requests=1, tokens=tokens
             )
+        compiles = admission.verdict.compiles
+        if compiles:
+            try:
+                await self.compile_budget.admit(admission.tenant, compiles, rate, self.compile_caps)
+            except GuardError:
+                await self.limiter.release(reservation)
+                raise
         ex.overhead_s = overhead = overhead + time.perf_counter() - t_limit
         self.metrics.overhead.observe(overhead)
         return reservation
@@ -375,6 +397,7 @@ class Gateway:
             self.access_log.flush()
             metrics.close()
             await limiter.aclose()
+            await self.compile_budget.aclose()
 
     def record(self, ex: Exchange, span: RequestSpan | None) -> None:
         """Metrics, the access line and the span's end: once per request."""
@@ -431,9 +454,10 @@ def build_gateway(
     metrics_dir: str | None = None,
 ) -> Gateway:
     """The gateway the policy describes. ``limiter`` defaults to the policy's (Redis when
-    ``rate.redis_url`` is set, else in memory); ``concurrency`` to its per-key and global
-    limits. ``tracer_provider`` forces OpenTelemetry spans on (tests); otherwise they follow
-    the ``OTEL_*`` environment. ``metrics_dir``: the directory the worker processes of one
+    ``rate.redis_url`` is set, else in memory), and so do the compile budget's tenant buckets
+    (under their own Redis key prefix); ``concurrency`` to its per-key and global limits.
+    ``tracer_provider`` forces OpenTelemetry spans on (tests); otherwise they follow the
+    ``OTEL_*`` environment. ``metrics_dir``: the directory the worker processes of one
     server share (``--workers N``)."""
     if limiter is None:
         limiter = make_rate_limiter(
@@ -441,6 +465,15 @@ def build_gateway(
             on_error=policy.rate.on_redis_failure,
             op_timeout_s=policy.rate.redis_timeout_s,
         )
+    compile_limiter: RateLimiter | None = None
+    if policy.rate.redis_url:
+        compile_limiter = RedisRateLimiter(
+            policy.rate.redis_url,
+            on_error=policy.rate.on_redis_failure,
+            op_timeout_s=policy.rate.redis_timeout_s,
+            key_prefix=_COMPILE_PREFIX,
+        )
+    compile_budget = CompileBudget(compile_limiter)
     if concurrency is None:
         rate = policy.rate
         concurrency = ConcurrencyLimiter(
@@ -454,11 +487,12 @@ def build_gateway(
         upstream=upstream,
         limiter=limiter,
         concurrency=concurrency,
-        metrics=_metrics(limiter, concurrency, metrics_dir),
+        metrics=_metrics(limiter, concurrency, metrics_dir, compile_budget),
         access_log=access_log or AccessLog(policy.observability.access_log),
         tracing=make_tracing(tracer_provider),
         count_tokens=_delta_counter(get_counter(policy.limits.tokens.tokenizer)),
         client_timeout_s=client_timeout_s or policy.upstream.read_timeout_s,
+        compile_budget=compile_budget,
     )
 
 
@@ -471,12 +505,16 @@ async def _sync_metrics(metrics: GuardMetrics) -> None:
 
 
 def _metrics(
-    limiter: RateLimiter, slots: ConcurrencyLimiter, metrics_dir: str | None
+    limiter: RateLimiter,
+    slots: ConcurrencyLimiter,
+    metrics_dir: str | None,
+    compiles: CompileBudget,
 ) -> GuardMetrics:
     """The gateway's metrics, with the limiters' and the HTTP server's counters exported."""
     metrics = GuardMetrics(multiprocess_dir=metrics_dir)
     metrics.server_rejections = head_refusals
     metrics.export("rate", limiter.metrics.snapshot)
+    metrics.export("guided_compile", compiles.metrics.snapshot)
     metrics.export(
         "concurrency",
         lambda: {

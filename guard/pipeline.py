@@ -26,6 +26,7 @@ from typing import Any
 
 from guard.checks import CHECKS, CheckFn, Mutation, apply_mutations
 from guard.errors import GuardError
+from guard.guided import Compile
 from guard.json import parse_json_body
 from guard.policy import KeyEntry, Policy
 from guard.request import HeadersLike, RequestView, normalise_headers
@@ -54,7 +55,9 @@ class Verdict:
     ``costs``: measurements merged from the checks that passed (``prompt_tokens``,
     ``tokens_reserved``, ``body_bytes``, ...); ``mutations``: to apply before forwarding
     (:meth:`forward_body`); ``durations``: seconds per step (``parse`` and each check run), in
-    order; ``view``: the request view when the body was parsed.
+    order; ``view``: the request view when the body was parsed; ``compiles``: the constraints
+    the upstream will compile, with their estimated cold cost (the gateway charges them to the
+    tenant's compile budget).
     """
 
     allowed: bool
@@ -63,6 +66,7 @@ class Verdict:
     mutations: tuple[Mutation, ...] = ()
     durations: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     view: RequestView | None = None
+    compiles: tuple[Compile, ...] = ()
 
     @property
     def status(self) -> int:
@@ -122,6 +126,7 @@ def run_checks(
     durations = {} if durations is None else durations
     costs = {} if costs is None else costs
     mutations: list[Mutation] = []
+    compiles: tuple[Compile, ...] = ()
     clock = time.perf_counter
     for name, check in checks_for(policy) if checks is None else checks:
         start = clock()
@@ -137,7 +142,9 @@ def run_checks(
             costs.update(result.costs)
         if result.mutations:
             mutations.extend(result.mutations)
-    return _verdict(True, None, costs, mutations, durations, view)
+        if result.compiles:
+            compiles += result.compiles
+    return _verdict(True, None, costs, mutations, durations, view, compiles)
 
 
 def _verdict(
@@ -147,6 +154,7 @@ def _verdict(
     mutations: list[Mutation],
     durations: dict[str, float],
     view: RequestView | None,
+    compiles: tuple[Compile, ...] = (),
 ) -> Verdict:
     return Verdict(
         allowed,
@@ -155,6 +163,7 @@ def _verdict(
         tuple(mutations),
         MappingProxyType(durations),
         view,
+        compiles,
     )
 
 

@@ -235,10 +235,14 @@ class GuardApp(_GuardBase):
             from guard.policy import policy_from_yaml
             from guard.telemetry import AccessLog
 
-            # Rate limits off: one fuzzing client would otherwise only ever see 429s.
+            # Rate limits and the compile budget's global caps off: one fuzzing client would
+            # otherwise only ever see 429s and 503s.
             policy = policy_from_yaml(
                 "upstream:\n  url: http://upstream.invalid\n"
                 "rate:\n  requests_per_minute: null\n  tokens_per_minute: null\n"
+                "  guided_compile_s_per_minute: null\n"
+                "limits:\n  guided:\n    upstream_compile_workers: 1000000\n"
+                "    max_cold_compiles_per_s: 1000000\n"
             )
             app = create_app(policy, access_log=AccessLog(False))
             app.state.gateway.upstream = _StubUpstream()

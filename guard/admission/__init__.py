@@ -1,9 +1,18 @@
 """Admission: per-key request and token buckets (in memory or Redis, one Lua script per
-operation) and concurrency slots with a bounded FIFO queue.
+operation), concurrency slots with a bounded FIFO queue, and the structured-output compile
+budget (cold compiles charged per key, exact repeats free, global caps).
 """
 
 from __future__ import annotations
 
+from guard.admission._compile import (
+    BUDGET_EXHAUSTED,
+    POOL_BUSY,
+    ColdCost,
+    CompileBudget,
+    CompileCaps,
+    CompileMetrics,
+)
 from guard.admission._concurrency import (
     ConcurrencyLimiter,
     ConcurrencyLimits,
@@ -23,6 +32,12 @@ from guard.admission._ratelimit import (
 )
 
 __all__ = [
+    "BUDGET_EXHAUSTED",
+    "POOL_BUSY",
+    "ColdCost",
+    "CompileBudget",
+    "CompileCaps",
+    "CompileMetrics",
     "ConcurrencyLimiter",
     "ConcurrencyLimits",
     "ConcurrencyMetrics",

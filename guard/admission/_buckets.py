@@ -21,7 +21,7 @@ from typing import Final, Literal
 import pydantic.dataclasses
 from pydantic import Field
 
-from guard._limits import LIMITS_CONFIG, PosInt
+from guard._limits import LIMITS_CONFIG, PosFloat, PosInt
 from guard.errors import LimitExceeded, Overloaded, RateLimited
 
 # Refills are floats; without a tolerance a bucket refilled to 29.999999999 would refuse a
@@ -57,6 +57,22 @@ class RateLimits:
         default=None,
         description="The token bucket's capacity. `null`: `tokens_per_minute` (a minute's worth).",
     )
+    guided_compile_s_per_minute: PosFloat | None = Field(
+        default=60.0,
+        description="Structured-output compile CPU-seconds per minute per API key (a bucket "
+        "refilled continuously): each constraint the upstream has not compiled recently (the "
+        "guard's LRU of what it admitted, kind and text as vLLM keys its grammar cache) is "
+        "charged its estimated cold compile at the model's vocabulary; exact repeats are "
+        "free. 429 `guided_compile_budget_exhausted` with `retry-after` when short. `null`: "
+        "unlimited (the global caps in `limits.guided` still apply).",
+    )
+    guided_compile_burst_s: PosFloat = Field(
+        default=120.0,
+        description="The compile bucket's capacity in CPU-seconds: what one key may compile "
+        "at once, such as an application warming its few dozen schemas (the heaviest benign "
+        "ones cost ~2-4 s each at a 100k vocabulary). A request costing more is charged a "
+        "full bucket.",
+    )
 
     @cached_property  # read on every request
     def request_capacity(self) -> int | None:
@@ -69,6 +85,19 @@ class RateLimits:
         if self.tokens_per_minute is None:
             return None
         return self.token_burst or self.tokens_per_minute
+
+    @cached_property  # read on every structured request
+    def compile_limits(self) -> RateLimits | None:
+        """The compile bucket as a token bucket of milliseconds (None: unlimited)."""
+        per_minute = self.guided_compile_s_per_minute
+        if per_minute is None:
+            return None
+        return RateLimits(
+            requests_per_minute=None,
+            tokens_per_minute=max(1, round(per_minute * 1000)),
+            token_burst=max(1, round(self.guided_compile_burst_s * 1000)),
+            guided_compile_s_per_minute=None,
+        )
 
     @cached_property  # read on every request
     def request_rate(self) -> float:

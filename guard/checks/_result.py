@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from guard.errors import GuardError
+from guard.guided import Compile
 from guard.request import RequestView
 
 __all__ = ["PASS", "CheckResult", "Mutation", "apply_mutations", "pure_check"]
@@ -34,12 +35,14 @@ class Mutation:
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    """Pass (``rejection`` is None) with ``costs`` measured and ``mutations`` to apply, or a
-    rejection carrying its stable code, HTTP status and message."""
+    """Pass (``rejection`` is None) with ``costs`` measured, ``mutations`` to apply and the
+    constraints the upstream will ``compile`` (for the compile budget), or a rejection carrying
+    its stable code, HTTP status and message."""
 
     rejection: GuardError | None = None
     costs: Mapping[str, int] = field(default_factory=lambda: _NO_COSTS)
     mutations: tuple[Mutation, ...] = ()
+    compiles: tuple[Compile, ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -47,9 +50,12 @@ class CheckResult:
 
     @classmethod
     def passed(
-        cls, costs: Mapping[str, int] | None = None, mutations: tuple[Mutation, ...] = ()
+        cls,
+        costs: Mapping[str, int] | None = None,
+        mutations: tuple[Mutation, ...] = (),
+        compiles: tuple[Compile, ...] = (),
     ) -> CheckResult:
-        return cls(None, MappingProxyType(dict(costs)) if costs else _NO_COSTS, mutations)
+        return cls(None, MappingProxyType(dict(costs)) if costs else _NO_COSTS, mutations, compiles)
 
     @classmethod
     def rejected(cls, error: GuardError) -> CheckResult:

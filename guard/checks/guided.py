@@ -1,6 +1,9 @@
 """The guided-decoding check: delegates to :func:`guard.guided.check_structured_outputs` with the
 policy's ``limits.guided`` (regexes, JSON schemas, grammars, choice lists, and their estimated
-cost on the structured-output backends that may compile them).
+cost on the structured-output backends that may compile them), priced at the vocabulary of the
+tokenizer ``limits.tokens.tokenizer`` names unless ``limits.guided.vocab_size`` overrides it. A
+pass carries the constraints the upstream will compile (``CheckResult.compiles``), which the
+gateway charges to the tenant's compile budget.
 
 Most requests carry no constraint at all. The top-level fields the delegate reads are learnt
 once, by running it on an empty body that records every lookup (:func:`_fields_read`); a body
@@ -18,8 +21,10 @@ from typing import Any, Protocol
 
 from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, pure_check
+from guard.checks._tokens_limits import TokensLimits
 from guard.guided import GuidedLimits, check_structured_outputs
 from guard.request import RequestView
+from guard.tokens import get_counter
 
 __all__ = ["GuidedReads", "check_guided"]
 
@@ -72,6 +77,9 @@ class GuidedReads(Protocol):
     @property
     def guided(self) -> GuidedLimits: ...
 
+    @property
+    def tokens(self) -> TokensLimits: ...
+
 
 @pure_check
 def check_guided(view: RequestView, policy: PolicyView[GuidedReads]) -> CheckResult | None:
@@ -80,5 +88,9 @@ def check_guided(view: RequestView, policy: PolicyView[GuidedReads]) -> CheckRes
         return None
     if _FIELDS is not None and _FIELDS.isdisjoint(body):
         return None
-    check_structured_outputs(body, policy.limits.guided)
-    return None
+    guided = policy.limits.guided
+    vocab = None
+    if guided.vocab_size is None and guided.backends:
+        vocab = get_counter(policy.limits.tokens.tokenizer).vocabulary_size or None
+    compiles = check_structured_outputs(body, guided, vocab=vocab)
+    return CheckResult.passed(compiles=compiles) if compiles else None

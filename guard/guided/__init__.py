@@ -4,7 +4,9 @@ each bounded before an upstream compiles them.
 The face is :func:`check_structured_outputs` (everything, :mod:`._structured`), the constraints'
 own size and shape alone (:func:`check_guided_decoding`, :mod:`._check`: where constraints sit
 in a request, against one budget per request, :mod:`._budget`) and the policy section
-(:class:`GuidedLimits`, :mod:`._limits`). By concern, each subpackage with its own face:
+(:class:`GuidedLimits`, :mod:`._limits`); what passes is returned as the constraints the
+upstream compiles (:class:`Compile`, :mod:`._compiles`: cache key and estimated cold cost), which
+the gateway charges to the tenant's compile budget. By concern, each subpackage with its own face:
 
 - :mod:`.regex`: the structural scan, RE2, the regex AST the cost models price, the syntax the
   backends refuse;
@@ -19,11 +21,16 @@ in a request, against one budget per request, :mod:`._budget`) and the policy se
 from __future__ import annotations
 
 from guard.guided._check import check_guided_decoding
-from guard.guided._limits import GuidedLimits
+from guard.guided._compiles import Compile, compile_key, grammar_mb
+from guard.guided._limits import CALIBRATION_VOCAB, GuidedLimits
 from guard.guided._structured import check_structured_outputs
 
 __all__ = [
+    "CALIBRATION_VOCAB",
+    "Compile",
     "GuidedLimits",
     "check_guided_decoding",
     "check_structured_outputs",
+    "compile_key",
+    "grammar_mb",
 ]

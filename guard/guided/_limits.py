@@ -9,7 +9,10 @@ from pydantic.dataclasses import dataclass
 
 from guard._limits import LIMITS_CONFIG, PosFloat, PosInt
 
-__all__ = ["GuidedLimits"]
+__all__ = ["CALIBRATION_VOCAB", "GuidedLimits"]
+
+# The vocabulary the cost models were calibrated at; the size assumed where no tokenizer is known.
+CALIBRATION_VOCAB = 32_768
 
 
 @dataclass(frozen=True, config=LIMITS_CONFIG)
@@ -147,14 +150,30 @@ class GuidedLimits:
         "to outlines (the engine keeps the first backend it builds, so one such request "
         "would put every later one on outlines), or `bound` its outlines cost only.",
     )
-    vocab_size: PosInt = Field(
-        default=32_768,
-        description="The model's vocabulary size: backend costs grow with it (set it to "
-        "the model's; the budgets below were calibrated at 32k).",
+    vocab_size: PosInt | None = Field(
+        default=None,
+        description="Override of the model's vocabulary size, which backend costs grow with. "
+        "`null` (default): the size of the tokenizer `limits.tokens.tokenizer` names (its "
+        "`tokenizer.json` or tiktoken encoding: cl100k_base has 100,277), or 32,768 (the "
+        "calibration vocabulary) where no tokenizer is known. Set it only when the tokenizer "
+        "the guard counts with is not the model's.",
     )
     backend_max_compile_s: PosFloat = Field(
+        default=10.0,
+        description="Ceiling of one constraint's estimated cold compile on xgrammar or "
+        "guidance, in CPU seconds at a 100,000-token vocabulary whatever the model's (a "
+        "property of the constraint's shape; 400 `guided_backend_cost_exceeded` over it). A "
+        "ceiling, not a budget: vLLM compiles in a thread pool off the engine loop and caches "
+        "grammars by their text, so what a key spends over time, at the model's vocabulary, "
+        "is the compile bucket's (`rate.guided_compile_s_per_minute`); this refuses only what "
+        "ordinary applications do not send (measured with xgrammar 0.2.8 at cl100k_base: "
+        "an address, an invoice or a resume with bounded fields 6-8.4 s; bench/README.md).",
+    )
+    outlines_max_compile_s: PosFloat = Field(
         default=1.0,
-        description="Estimated compile CPU seconds one constraint may cost on a backend.",
+        description="The ceiling for a constraint outlines may compile (vLLM pinned to "
+        "outlines, or `outlines_fallback: bound`), in CPU seconds at the model's vocabulary: "
+        "strict, since outlines' index build has no timeout that stops it.",
     )
     backend_max_compile_mb: PosFloat = Field(
         default=256.0,
@@ -165,11 +184,48 @@ class GuidedLimits:
         description="Estimated token-mask seconds per generated token (xgrammar on nested "
         "ambiguous repetition pays this on every decode step, for the whole batch).",
     )
+    # The compile budget's global caps (guard/admission/_compile.py), per guard replica.
+    upstream_compile_workers: PosInt = Field(
+        default=4,
+        description="The upstream's compile pool: workers compiling one grammar each at a time "
+        "(vLLM 0.32: `(cpu_count + 1) // 2` threads; 4 for an 8-core server). The guard gives "
+        "the pool cold compiles (their estimates) at most this many CPU-seconds a second, "
+        "`compile_queue_s` ahead; one API key at most half. Exact repeats are not cold. Over "
+        "it: 503 `guided_compile_pool_busy` with `retry-after` (a key over its half: 429 "
+        "`guided_compile_budget_exhausted`). Per replica: divide by the guard's replicas.",
+    )
+    compile_queue_s: PosFloat = Field(
+        default=30.0,
+        description="Seconds of cold-compile work the upstream's pool may have ahead of it "
+        "(`upstream_compile_workers` x this many CPU-seconds at once): an application "
+        "warming its schemas is queued there, as vLLM queues it; a flood of new constraints "
+        "is refused beyond it.",
+    )
+    max_cold_compiles_per_s: PosFloat = Field(
+        default=10.0,
+        description="Cold compiles admitted per second over all tenants (a bucket of five "
+        "seconds' worth: an application warming 50 schemas at once passes), so a flood of "
+        "unique constraints cannot churn the upstream's grammar cache; beyond it 503 "
+        "`guided_compile_pool_busy`. Per replica.",
+    )
+    upstream_grammar_cache_mb: PosFloat = Field(
+        default=512.0,
+        description="The upstream's compiled-grammar cache (vLLM: `VLLM_XGRAMMAR_CACHE_MB`, "
+        "512 by default): the guard remembers the constraints it admitted in an LRU of this "
+        "size (each weighed by its estimated compiled size), and charges a constraint to the "
+        "tenant's compile bucket only when it is not there (kind and text, as vLLM keys its "
+        "cache). Per replica.",
+    )
     # Choice lists.
     max_choices: PosInt = Field(default=256, description="Most `guided_choice` entries.")
     max_choice_chars: PosInt = Field(
         default=65_536, description="Most characters over all `guided_choice` entries."
     )
+
+    def vocabulary(self, tokenizer: int | None = None) -> int:
+        """The vocabulary size the backend costs are priced at: ``vocab_size`` when set, else
+        ``tokenizer`` (the configured tokenizer's size), else :data:`CALIBRATION_VOCAB`."""
+        return self.vocab_size or tokenizer or CALIBRATION_VOCAB
 
     @property
     def recursive_refs_allowed(self) -> bool:

@@ -7,7 +7,9 @@ constraints' own size and shape), then what only the backends' view adds:
 - nested size bounds of every schema multiplied along each path
   (:mod:`guard.guided.schema._bounds`, ``guided_schema_too_large``);
 - each constraint's estimated cost on every structured-output backend that may compile it
-  (:mod:`guard.guided.backends._routing`, ``guided_backend_cost_exceeded``).
+  (:mod:`guard.guided.backends._routing`, ``guided_backend_cost_exceeded``), at the model's
+  vocabulary; what passes is returned as the request's :class:`~guard.guided._compiles.Compile`
+  list, for the compile budget.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from guard.errors import GuardError, LimitExceeded
 from guard.guided._check import check_guided_decoding
+from guard.guided._compiles import Compile, compile_key, grammar_mb
 from guard.guided._limits import GuidedLimits
 from guard.guided.backends import check_constraint, constraints, fmt_path
 from guard.guided.schema import Memo, facts_of, largest_bound_product
@@ -69,9 +72,13 @@ def _schemas(
     return out
 
 
-def check_structured_outputs(body: Mapping[str, Any], limits: GuidedLimits) -> None:
-    """Refuse unsafe guided-decoding constraints (every ``guided_*`` code); None when all are
-    within ``limits``."""
+def check_structured_outputs(
+    body: Mapping[str, Any], limits: GuidedLimits, *, vocab: int | None = None
+) -> tuple[Compile, ...]:
+    """Refuse unsafe guided-decoding constraints (every ``guided_*`` code); when all are within
+    ``limits``, return what the upstream would compile (one :class:`Compile` per distinct
+    constraint, with its estimated cold cost; empty when ``limits.backends`` is). ``vocab``:
+    the configured tokenizer's vocabulary size (:meth:`GuidedLimits.vocabulary`)."""
     # The check gathers every schema's facts as it walks it; the bound product, the routing
     # and the cost estimates read them instead of walking the schemas again.
     facts: Memo = {}
@@ -90,6 +97,13 @@ def check_structured_outputs(body: Mapping[str, Any], limits: GuidedLimits) -> N
                 f"{limits.max_schema_bound_product}",
                 param=fmt_path(path),
             )
-    if limits.backends:
-        for kind, spec, path in found:
-            check_constraint(kind, spec, path, limits, facts)
+    if not limits.backends:
+        return ()
+    size = limits.vocabulary(vocab)
+    compiles: dict[bytes, Compile] = {}
+    for kind, spec, path in found:
+        cold = check_constraint(kind, spec, path, limits, facts, vocab=size)
+        key = compile_key(kind, spec)
+        if key not in compiles:
+            compiles[key] = Compile(key, cold, grammar_mb(cold, size))
+    return tuple(compiles.values())

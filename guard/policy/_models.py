@@ -101,6 +101,13 @@ class AnonymousRate(Section):
         description="Requests in flight of all callers together. `null`: "
         "`rate.global_concurrency` (nothing tighter than the guard's own cap).",
     )
+    guided_compile_s_per_minute: PosFloat | None = Field(
+        default=None,
+        description="Structured-output compile CPU-seconds per minute of all callers together "
+        "(see `rate.guided_compile_s_per_minute`). `null` (default): unlimited, like the other "
+        "anonymous rates; the global caps in `limits.guided` still protect the upstream's "
+        "compile pool.",
+    )
 
 
 @dataclass(frozen=True, config=LIMITS_CONFIG)
@@ -173,6 +180,7 @@ class RatePolicy(RateLimits):
             burst=anon.burst or self.burst,
             token_burst=anon.token_burst,
             per_key_concurrency=anon.concurrency or self.global_concurrency,
+            guided_compile_s_per_minute=anon.guided_compile_s_per_minute,
         )
 
 
@@ -190,12 +198,20 @@ class RateOverrides(Section):
     per_key_concurrency: PosInt | None = Field(
         default=None, description="Overrides `rate.per_key_concurrency`."
     )
+    guided_compile_s_per_minute: PosFloat | None = Field(
+        default=None,
+        description="Overrides `rate.guided_compile_s_per_minute` (`null`: unlimited).",
+    )
+    guided_compile_burst_s: PosFloat | None = Field(
+        default=None, description="Overrides `rate.guided_compile_burst_s`."
+    )
 
     def apply(self, base: RatePolicy) -> RatePolicy:
         """``base`` with the fields this override sets."""
         update = {k: getattr(self, k) for k in self.model_fields_set}
-        # burst and per_key_concurrency cannot be unlimited: null there means "inherit".
-        for name in ("burst", "per_key_concurrency"):
+        # burst, per_key_concurrency and guided_compile_burst_s cannot be unlimited: null there
+        # means "inherit".
+        for name in ("burst", "per_key_concurrency", "guided_compile_burst_s"):
             if update.get(name, 0) is None:
                 del update[name]
         return dataclasses.replace(base, **update) if update else base

@@ -207,6 +207,11 @@ _LIMITER_HELP = {
     "schedguard_guard_concurrency_events": "Concurrency-slot events, each one request: "
     "admitted, waited (admitted after queueing), queue_full, global_queue_full, timeout, "
     "global_timeout (refused), cancelled (the client left while queued).",
+    "schedguard_guard_guided_compile_events": "The structured-output compile budget: "
+    "constraints admitted cold (charged) or warm (exact repeats, free), charged_ms (estimated "
+    "compile milliseconds charged to tenants), requests refused by a tenant's bucket "
+    "(refused_budget), the compile pool (refused_pool) or the cold compiles per second "
+    "(refused_rate), constraints the LRU forgot (evicted).",
     "schedguard_guard_concurrency_requests": "Requests holding a concurrency slot (in_flight) "
     "or waiting for one (waiting), now.",
 }

@@ -87,6 +87,8 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "fuzz_proof.py": "issue 4's 4-minute proof campaign; its engine is tested in test_fuzz_search.py",
     "guided_backends.py": "issue 16's calibration table, minutes of real backend compiles at a 32k "
     "vocabulary; its targets are tested in test_fuzz_backends.py",
+    "guided_vocab.py": "issue 23's calibration at real vocabularies: minutes of xgrammar compiles "
+    "from an interpreter that has it (the vLLM venv of scripts/upstreams); run by hand",
     "guided_vllm.py": "issue 16's floods against a real vLLM (set up by scripts/upstreams, ~15 "
     "minutes); run by hand",
     "corpus_upstreams.py": "issue 13's corpus table against real vLLM and llama-cpp-python "

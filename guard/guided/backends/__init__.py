@@ -14,6 +14,7 @@ from guard.guided.backends._cost import (
 )
 from guard.guided.backends._routing import (
     BACKEND_COST_CODE,
+    CEILING_VOCAB,
     check_backend_costs,
     check_constraint,
     constraints,
@@ -24,6 +25,7 @@ from guard.guided.backends._routing import (
 
 __all__ = [
     "BACKEND_COST_CODE",
+    "CEILING_VOCAB",
     "Estimate",
     "check_backend_costs",
     "check_constraint",

@@ -15,7 +15,8 @@ never knowingly under-estimate a measured family.
   still inside it (``(a|b)*a(a|b){20}``, a bare JSON string with ``maxLength`` 20); broad classes
   cost ~7 states per count (UTF-8), Unicode categories ~24.
 - **xgrammar** builds a token-mask cache per bounded repetition of a wide class (``.{0,1000}``,
-  ``maxLength`` 300: ~1.5 s at 32k), is quadratic in enum values, choices, optional properties
+  ``maxLength`` 300: ~1.5 s at 32k; no dearer past ~400 copies; one per distinct bounds of a
+  schema's strings), is quadratic in enum values, choices, optional properties
   and grammar rules, and pays per decode token on nested ambiguous repetition
   (``(.{0,5}){0,5}``: 0.86 s per token).
 - **llguidance** is lazy and fuel-limited: quadratic in GBNF rules, linear in ``maxItems`` and
@@ -578,7 +579,11 @@ def outlines_cost(kind: str, spec: Any, vocab: int, facts: Memo | None = None) -
 
 _X_FIXED_S = 0.002
 _X_WIDE_100 = 2.55e-7  # per copy (the first 100) x token: bounded repetition of a wide class
-_X_WIDE_OVER = 8e-8  # per copy (101st to 2000th) x token ([r"-zA-Z*]{170,}: 0.93 s at 32k)
+_X_WIDE_OVER = 8e-8  # per copy (101st to 400th) x token ([r"-zA-Z*]{170,}: 0.93 s at 32k)
+# Copies past this cost nothing more: measured with xgrammar 0.2.8 at cl100k_base (issue 23),
+# one string of maxLength 1000 5.7 s, 2000 4.6 s, 4000 4.7 s, `.{0,3000}` 4.7 s (the tweet's 280:
+# 5.4 s); at 32k, maxLength 1000 ~1.5 s. What grows is the number of distinct bounded rules.
+_X_WIDE_SATURATED = 400
 _X_ENUM = 4.4e-9  # per enum value squared, at 32k tokens
 _X_CHOICE = 8.5e-9  # per choice squared
 _X_PROPS = 2.9e-5  # per optional property squared
@@ -655,7 +660,8 @@ def _xgr_terms(n: Node, acc: _XTerms, outer: float) -> None:
 
 
 def _wide_cost(count: int, vocab: int) -> float:
-    return vocab * (_X_WIDE_100 * min(count, 100) + _X_WIDE_OVER * max(0, min(count, 2000) - 100))
+    over = max(0, min(count, _X_WIDE_SATURATED) - 100)
+    return vocab * (_X_WIDE_100 * min(count, 100) + _X_WIDE_OVER * over)
 
 
 _COUNTS = re.compile(r"\{(\d{1,12})(?:,(\d{0,12}))?\}")
@@ -702,11 +708,16 @@ def xgrammar_cost(kind: str, spec: Any, vocab: int, facts: Memo | None = None) -
     if kind == "regex" and isinstance(spec, str):
         _xgr_regex(spec, vocab, est)
     elif kind == "json":
-        # each object's terms, objects in pre-order, children right to left
+        # each object's terms, objects in pre-order, children right to left; a string rule
+        # (its bounds) is compiled once per schema, however many properties share it
+        rules: set[tuple[str, str]] = set()
         for term in facts_of(spec, facts).xgr:
             tag = term[0]
             if tag == "L":
-                _, count, weight, key = term
+                _, count, weight, key, bounds = term
+                if (key, bounds) in rules:
+                    continue
+                rules.add((key, bounds))
                 est.compile_s += _wide_cost(count, vocab) * weight
                 if count >= 100:
                     est.why.append(f"a string {key} of {count}")

@@ -22,7 +22,12 @@ A policy that names one backend (vLLM pinned with ``--structured-outputs-config`
 backend only.
 
 Refusals: ``guided_backend_cost_exceeded`` (HTTP 400), the backend named first in the message;
-``param`` is the constraint's field.
+``param`` is the constraint's field. The compile-CPU limit is a per-constraint ceiling:
+``backend_max_compile_s`` for xgrammar and guidance, on the estimate at a 100,000-token
+vocabulary (:data:`CEILING_VOCAB`: the constraint's shape, whatever the model), and
+``outlines_max_compile_s``, stricter, on outlines' estimate at the model's vocabulary. What a
+tenant spends over time is the compile budget's (guard/admission/_compile.py), which charges
+the estimate at the model's vocabulary that :func:`check_constraint` returns.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from guard.guided.schema import Memo, facts_of
 
 __all__ = [
     "BACKEND_COST_CODE",
+    "CEILING_VOCAB",
     "check_backend_costs",
     "check_constraint",
     "constraints",
@@ -47,6 +53,10 @@ __all__ = [
 ]
 
 BACKEND_COST_CODE = "guided_backend_cost_exceeded"
+# The vocabulary the xgrammar/guidance ceiling is stated at: a property of the constraint's shape
+# (what no ordinary application sends), whatever the model; the compile budget charges the
+# estimate at the model's own vocabulary.
+CEILING_VOCAB = 100_000
 _ESTIMATORS = {"outlines": outlines_cost, "xgrammar": xgrammar_cost, "guidance": guidance_cost}
 
 # ---- vLLM 0.32's routing helpers (request-only): guard/guided/schema/_facts.py (schemas) and
@@ -198,14 +208,21 @@ def _refuse(backend: str, message: str, path: tuple[str | int, ...]) -> NoReturn
     raise LimitExceeded(BACKEND_COST_CODE, f"{backend}: {message}", param=fmt_path(path))
 
 
-def _over(est: Estimate, limits: GuidedLimits) -> str | None:
+def _over(est: Estimate, limits: GuidedLimits, backend: str, at_ref: float | None) -> str | None:
+    """Why ``est`` is over a ceiling, or None; ``at_ref``: the compile estimate at
+    :data:`CEILING_VOCAB` (xgrammar and guidance), None for outlines (its own vocabulary)."""
     why = f" ({est.why[0]})" if est.why else ""
     if est.compile_s == float("inf"):
         return f"its compile cost cannot be bounded{why}"
-    if est.compile_s > limits.backend_max_compile_s:
+    if at_ref is None and est.compile_s > limits.outlines_max_compile_s:
         return (
-            f"compiling it would take ~{est.compile_s:.3g} s of CPU, over the budget of "
-            f"{limits.backend_max_compile_s:g} s{why}"
+            f"compiling it would take ~{est.compile_s:.3g} s of CPU, over the ceiling of "
+            f"{limits.outlines_max_compile_s:g} s{why}"
+        )
+    if at_ref is not None and at_ref > limits.backend_max_compile_s:
+        return (
+            f"compiling it would take ~{at_ref:.3g} s of CPU at a {CEILING_VOCAB:,}-token "
+            f"vocabulary, over the ceiling of {limits.backend_max_compile_s:g} s{why}"
         )
     if est.mem_mb > limits.backend_max_compile_mb:
         shown = "unbounded" if est.mem_mb == float("inf") else f"~{est.mem_mb:.3g} MiB"
@@ -227,9 +244,14 @@ def check_constraint(
     path: tuple[str | int, ...],
     limits: GuidedLimits,
     facts: Memo | None = None,
-) -> None:
-    """Refuse one constraint over a reachable backend's budget. ``facts``: schema facts the
-    check gathered (a schema's objects are then not walked again)."""
+    *,
+    vocab: int | None = None,
+) -> float:
+    """Refuse one constraint over a reachable backend's ceilings; return its estimated cold
+    compile (CPU seconds, the largest over the backends that may compile it), which the
+    compile budget charges. ``facts``: schema facts the check gathered (a schema's objects are
+    then not walked again); ``vocab``: the configured tokenizer's size (see
+    :meth:`GuidedLimits.vocabulary`)."""
     if kind == "json" and isinstance(spec, Mapping):
         # one walk for the route and every estimate (the tools' parameters reused)
         got = facts_of(spec, facts)
@@ -243,19 +265,36 @@ def check_constraint(
             "backend it builds for every later request",
             path,
         )
+    size = limits.vocabulary(vocab)
+    cold = 0.0
     for backend in reach:
-        est = _ESTIMATORS[backend](kind, spec, limits.vocab_size, facts)
+        estimate = _ESTIMATORS[backend]
+        est = estimate(kind, spec, size, facts)
         if not est.accepted:
             continue
-        over = _over(est, limits)
+        at_ref: float | None = None
+        if backend != "outlines":
+            # The estimates grow with the vocabulary: at the reference one it is lower when
+            # the model's is larger and within the ceiling, higher when smaller and over it.
+            ceiling = limits.backend_max_compile_s
+            at_ref = est.compile_s
+            if (size > CEILING_VOCAB and at_ref > ceiling) or (
+                size < CEILING_VOCAB and at_ref <= ceiling
+            ):
+                at_ref = estimate(kind, spec, CEILING_VOCAB, facts).compile_s
+        over = _over(est, limits, backend, at_ref)
         if over is not None:
             _refuse(backend, over, path)
+        cold = max(cold, est.compile_s)
+    return cold
 
 
-def check_backend_costs(body: Mapping[str, Any], limits: GuidedLimits) -> None:
+def check_backend_costs(
+    body: Mapping[str, Any], limits: GuidedLimits, *, vocab: int | None = None
+) -> None:
     """Refuse (``guided_backend_cost_exceeded``) a constraint whose estimated cost on a
-    backend that may compile it is over the policy's budgets."""
+    backend that may compile it is over the policy's ceilings."""
     if not limits.backends:
         return
     for kind, spec, path in constraints(body):
-        check_constraint(kind, spec, path, limits)
+        check_constraint(kind, spec, path, limits, vocab=vocab)

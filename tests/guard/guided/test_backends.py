@@ -28,14 +28,18 @@ from guard.guided.schema import largest_bound_product
 from tests._support import REPO_ROOT
 
 DEFAULT = GuidedLimits()
+CL100K = 100_277  # tiktoken's cl100k_base, the default tokenizer's vocabulary
 ONLY = {b: GuidedLimits(backends=(b,)) for b in ("xgrammar", "guidance", "outlines")}
 PLAIN_REGEXES = ["(a|b)*a(a|b){12}", "(a|b)*a(a|b){16}", "(a|b)*a(a|b){20}", "[ab]*a[ab]{18}"]
 
 
-def refusal(body: dict[str, Any], limits: GuidedLimits = DEFAULT) -> tuple[str, str] | None:
-    """(code, backend or message head) of the refusal, or None when admitted."""
+def refusal(
+    body: dict[str, Any], limits: GuidedLimits = DEFAULT, *, vocab: int | None = None
+) -> tuple[str, str] | None:
+    """(code, backend or message head) of the refusal, or None when admitted; ``vocab`` the
+    tokenizer's vocabulary size (None: the calibration vocabulary, 32,768)."""
     try:
-        check_structured_outputs(body, limits)
+        check_structured_outputs(body, limits, vocab=vocab)
     except GuardError as e:
         return e.code, e.message.split(":", 1)[0]
     return None
@@ -154,17 +158,67 @@ def test_xgrammar_per_token_mask_cliff() -> None:
 
 
 def test_xgrammar_wide_bounded_repetition() -> None:
-    body = request_body("json", {"type": "object", "properties": {"t": {"maxLength": 1000}}})
-    body["response_format"]["json_schema"]["schema"]["properties"]["t"]["type"] = "string"
-    assert refusal(body) == (BACKEND_COST_CODE, "xgrammar")
+    # one long string costs no more past ~400 characters (measured at cl100k_base: maxLength
+    # 1000 5.7 s, 4000 4.7 s; estimated ~5 s): admitted, charged to the compile bucket
+    for n in (1000, 2000, 4000):
+        body = request_body("json", {"type": "object", "properties": {"t": {"maxLength": n}}})
+        body["response_format"]["json_schema"]["schema"]["properties"]["t"]["type"] = "string"
+        assert refusal(body, vocab=CL100K) is None, n
+    one = xgrammar_cost("json", {"type": "string", "maxLength": 400}, CL100K).compile_s
+    assert xgrammar_cost("json", {"type": "string", "maxLength": 4000}, CL100K).compile_s == one
+    assert 4.5 < one < 5.5
     small = request_body("json", {"type": "string", "maxLength": 64})
-    assert refusal(small) is None
+    assert refusal(small, vocab=CL100K) is None
 
 
-def test_vocabulary_scales_the_estimate() -> None:
-    body = request_body("regex", "[A-Za-z ]{1,50}")
-    assert refusal(body) is None
-    assert refusal(body, GuidedLimits(vocab_size=262_144)) == (BACKEND_COST_CODE, "xgrammar")
+@pytest.mark.parametrize("vocab", [4096, 32_768, CL100K, 128_256, 262_144])
+def test_the_ceiling_is_the_constraints_shape_whatever_the_vocabulary(vocab: int) -> None:
+    # the xgrammar/guidance ceiling is on the estimate at 100,000 tokens: the same verdict
+    # at every vocabulary (the bucket charges the model's); twelve distinct bounded strings
+    # measured 29.5 s at cl100k_base
+    assert refusal(request_body("json", {"type": "string", "maxLength": 1000}), vocab=vocab) is None
+    over = request_body("json", _strings(list(range(101, 113))))
+    assert refusal(over, vocab=vocab) == (BACKEND_COST_CODE, "xgrammar")
+
+
+def test_vocabulary_scales_the_charged_estimate() -> None:
+    from guard.guided.backends import check_constraint
+
+    spec = {"type": "string", "maxLength": 280}
+    at = {v: check_constraint("json", spec, ("x",), DEFAULT, vocab=v) for v in (32_768, CL100K)}
+    assert 3.0 < at[CL100K] / at[32_768] < 3.1
+    # vocab_size overrides the tokenizer's; unset and no tokenizer: the calibration vocabulary
+    assert (
+        check_constraint("json", spec, ("x",), GuidedLimits(vocab_size=32_768), vocab=CL100K)
+        == (at[32_768])
+    )
+    assert check_constraint("json", spec, ("x",), DEFAULT) == at[32_768]
+    assert GuidedLimits().vocabulary(None) == 32_768
+    assert GuidedLimits().vocabulary(CL100K) == CL100K
+    assert GuidedLimits(vocab_size=4096).vocabulary(CL100K) == 4096
+
+
+def test_outlines_keeps_its_strict_ceiling() -> None:
+    # the same estimate is under the xgrammar/guidance ceiling and over outlines' 1 s
+    only_outlines = GuidedLimits(backends=("outlines",))
+    body = request_body("regex", "(a|b)*a(a|b){12}")
+    assert refusal(body, only_outlines, vocab=CL100K) == (BACKEND_COST_CODE, "outlines")
+    assert refusal(body, vocab=CL100K) is None
+    ceiling = GuidedLimits(backends=("outlines",), outlines_max_compile_s=1e6)
+    assert refusal(request_body("regex", "[a-z]{3}@[a-z]{3}"), ceiling, vocab=CL100K) is None
+
+
+def test_the_ceiling_is_per_backend_and_the_estimate_returned() -> None:
+    from guard.guided.backends import check_constraint
+
+    spec = {"type": "string", "maxLength": 100}
+    cold = check_constraint("json", spec, ("x",), DEFAULT, vocab=CL100K)
+    assert cold == xgrammar_cost("json", spec, CL100K).compile_s > 1.0
+    with pytest.raises(GuardError) as e:
+        check_constraint(
+            "json", spec, ("x",), GuidedLimits(backend_max_compile_s=1.0), vocab=CL100K
+        )
+    assert e.value.code == BACKEND_COST_CODE and "ceiling of 1 s" in e.value.message
 
 
 def test_no_backends_no_cost_check() -> None:
@@ -321,3 +375,26 @@ def test_classes_rust_reads_as_nested_are_not_priced_as_python_reads_them() -> N
     )
     assert refusal(request_body("regex", "[[:alpha:]]{4}"), ONLY["outlines"]) is not None
     assert refusal(request_body("regex", r"[a-z\[]{4}"), ONLY["outlines"]) is None
+
+
+def _strings(bounds: list[int]) -> dict[str, Any]:
+    props = {f"p{i}": {"type": "string", "maxLength": n} for i, n in enumerate(bounds)}
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def test_xgrammar_compiles_a_string_rule_once_per_distinct_bounds() -> None:
+    # measured at cl100k_base (bench/guided_vocab.py): twelve maxLength-100 strings 2.2 s (one
+    # rule), twelve of maxLength 101-112 29.5 s (twelve rules)
+    same = xgrammar_cost("json", _strings([100] * 12), CL100K).compile_s
+    one = xgrammar_cost("json", _strings([100]), CL100K).compile_s
+    distinct = xgrammar_cost("json", _strings(list(range(101, 113))), CL100K).compile_s
+    assert same == one and distinct > 10 * one
+    assert refusal(request_body("json", _strings([100] * 12)), vocab=CL100K) is None
+    assert refusal(request_body("json", _strings(list(range(101, 113)))), vocab=CL100K) == (
+        BACKEND_COST_CODE,
+        "xgrammar",
+    )
+    # minLength makes another rule
+    mixed = _strings([100, 100])
+    mixed["properties"]["p1"]["minLength"] = 5
+    assert xgrammar_cost("json", mixed, CL100K).compile_s > 2 * one
