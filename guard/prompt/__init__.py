@@ -13,7 +13,8 @@ Also here, for the templates check: a prompt template's expansion bounded withou
 (:func:`indent4_size`).
 """
 
-from guard.prompt._count import PromptCount, PromptCounting, PromptLimits, count_prompt
+from guard.prompt._count import count_prompt
+from guard.prompt._counting import PromptCount, PromptCounting, PromptLimits
 from guard.prompt._jsonsize import indent4_size
 from guard.prompt._placeholders import Source, bound_expansion, parse_source
 from guard.prompt._render import Flavour

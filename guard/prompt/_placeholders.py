@@ -25,7 +25,7 @@ from itertools import islice
 
 from guard.template_scan import DELIMITER
 
-__all__ = ["Expansion", "Source", "bound_expansion", "parse_source"]
+__all__ = ["Expansion", "Source", "bound_expansion", "expansion_weight", "parse_source"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,3 +175,20 @@ def bound_expansion(
                 level.all_ok = False
     ok, size, expansions, culprit = _evaluate(template, 0, levels, variables, cap)
     return Expansion(size, expansions, None if ok else culprit)
+
+
+def expansion_weight(
+    template: str,
+    variables: Mapping[str, str],
+    weigh: Callable[[str], int],
+    max_depth: int,
+    cap: int,
+) -> int:
+    """An upper bound on the weight of ``template`` expanded with ``variables`` (``weigh``
+    measures literal text: bytes, or tokens); one nested too deep, which the templates check
+    refuses, weighs its text once."""
+    sources = {name: parse_source(value, weigh) for name, value in variables.items()}
+    bound = bound_expansion(parse_source(template, weigh), sources, max_depth, cap)
+    if bound.too_deep is not None:
+        return min(cap, weigh(template) + sum(weigh(v) for v in variables.values()))
+    return bound.size
