@@ -159,7 +159,8 @@ class BPETokenCounter(TokenCounter):
             # Every character is at least one byte (a lone surrogate becomes 3).
             bound = -(-n // self.max_token_bytes)
             return TokenStats(bound, False, False, "lower_bound", limit, n, None, 0)
-        return self.measure_bytes(utf8_bytes(text), limit, exact=exact, chars=n)
+        data = utf8_bytes(text)
+        return self.measure_bytes(data, limit, exact=exact, chars=n)
 
     def measure_bytes(
         self, data: bytes, limit: int | None, *, exact: bool = False, chars: int | None = None
