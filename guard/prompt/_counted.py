@@ -13,14 +13,13 @@ request (:mod:`._template_bound`).
 
 from __future__ import annotations
 
-from guard.errors import LimitExceeded
 from guard.prompt._counting import UNBOUNDED, Over, PromptCounting, PromptLimits
-from guard.prompt._fields import fields_tokens, template_tokens
-from guard.prompt._render import render_count
+from guard.prompt._fields import fields_tokens
+from guard.prompt._placeholders import expansion_tokens
+from guard.prompt._render import rendered_tokens
 from guard.prompt._template_bound import template_literal_tokens
 from guard.prompt._template_source import ChatTemplate
 from guard.prompt._units import PromptUnit
-from guard.tokens import TokenCounter
 
 __all__ = ["counted"]
 
@@ -40,17 +39,25 @@ def counted(
         found = unit_limit if by_context else remaining
         limit = UNBOUNDED if found is None else found
         over = Over(by_context, limits)
-        used = None
-        if unit.chat is not None and unit.chat.kind == "score":
-            # A scored pair: the template if the upstream uses it (vLLM: only one given with
-            # --chat-template, never the tokenizer's own), else the pair as it is; the larger.
-            used = fields_tokens(unit, how, limit, over)
-            if template is not None and how.chat_template != "auto":
-                used = max(used, _rendered(unit, how, template, limit, over, refuse=False) or 0)
-        elif unit.chat is not None and template is not None:
-            used = _rendered(unit, how, template, limit, over)
+        expansion = 0  # the prompt template's tokens, at most limit + 1
+        if unit.template is not None:
+            expansion = expansion_tokens(*unit.template, how.counter, how.template_depth, limit + 1)
+        # A scored pair counts both ways, the larger winning: the pair as it is, and the
+        # template if the upstream uses it (vLLM: only one given with --chat-template, never
+        # the tokenizer's own). A conversation is rendered when its template is known.
+        scored = unit.chat is not None and unit.chat.kind == "score"
+        used = fields_tokens(unit, how, expansion, limit, over) if scored else None
+        if (
+            unit.chat is not None
+            and template is not None
+            and not (scored and how.chat_template == "auto")
+        ):
+            rendered = rendered_tokens(
+                unit, how, template, expansion, limit, over, refuse=not scored
+            )
+            used = rendered if used is None else max(used, rendered or 0)
         if used is None:
-            used = fields_tokens(unit, how, limit, over)
+            used = fields_tokens(unit, how, expansion, limit, over)
             loops = unit.loops
             if loops is not None and template is not None:
                 # No render (or none modelled: the Responses API's input, which vLLM renders
@@ -62,58 +69,3 @@ def counted(
         if remaining is not None:
             remaining -= used
     return per_unit
-
-
-def _lower_bound_over(unit: PromptUnit, counter: TokenCounter, fixed: int, limit: int) -> bool:
-    """Whether the unit's strings alone have more tokens than ``limit - fixed`` (cheap bounds)."""
-    left = limit - fixed
-    if left < 0:
-        return True
-    texts = [text for _, text in unit.texts]
-    texts.extend(arg.raw for arg in unit.arguments)
-    if not texts or not counter.byte_bounds:
-        return False
-    if max(map(len, texts)) > counter.max_token_bytes * left:
-        return True
-    return counter.lower_bound_of_sum(texts, enough=left) > left
-
-
-def _rendered(
-    unit: PromptUnit,
-    how: PromptCounting,
-    template: ChatTemplate,
-    limit: int,
-    over: Over,
-    *,
-    refuse: bool = True,
-) -> int | None:
-    """The unit's exact count from the upstream's template (None: fall back to the bound);
-    with ``refuse``, the upstream's own refusal of the conversation is raised."""
-    assert unit.chat is not None
-    fixed = unit.token_ids + unit.media + unit.specials
-    if unit.template is not None:
-        fixed += template_tokens(unit, how, limit + 1)
-    if _lower_bound_over(unit, how.counter, fixed, limit):
-        raise over(unit.path)
-    text, special = template
-    try:
-        outcome = render_count(
-            unit.chat,
-            text,
-            special,
-            how.flavours,
-            how.counter,
-            limit - fixed,
-            how.sandbox,
-            how.units.max_json_depth,
-            how.content_format,
-        )
-    except LimitExceeded as exc:
-        if exc.code == "prompt_tokens_exceeded":
-            raise over(unit.path) from None
-        raise
-    if outcome.tokens is None:
-        if outcome.raised is not None and refuse:
-            raise outcome.raised  # the template refuses this input, as it would upstream
-        return None
-    return outcome.tokens + fixed

@@ -6,15 +6,18 @@ settings, :class:`PromptCounting`), what a prompt is held to (:class:`PromptLimi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from guard.errors import LimitExceeded
 from guard.jinja import ChatTemplateLimits
-from guard.prompt._render import Flavour
 from guard.prompt._units import Counting
 from guard.request import Path, fmt_path
 from guard.tokens import TokenCounter
 
-__all__ = ["UNBOUNDED", "Over", "PromptCount", "PromptCounting", "PromptLimits"]
+__all__ = ["UNBOUNDED", "Flavour", "Over", "PromptCount", "PromptCounting", "PromptLimits"]
+
+# An upstream whose render of a conversation is modelled (:mod:`._vllm_chat`).
+Flavour = Literal["vllm", "llama_cpp"]
 
 # A limit no count reaches: a prompt held only by its own size (no window, no cap).
 UNBOUNDED = 1 << 62

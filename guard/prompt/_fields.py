@@ -6,7 +6,7 @@ A field is counted in each form the upstreams print it, the largest winning: a s
 a structured value as indent-4 JSON (built only once its size allows it to fit,
 :mod:`._jsonsize`), a tool call's arguments as sent (llama-cpp-python) and as vLLM prints them
 again. Inside a template's text each field may merge a token across its edges (one more each).
-A prompt template is its expansion bounded (:mod:`._placeholders`), literal runs counted.
+A prompt template is its expansion bounded, in tokens (:func:`._placeholders.expansion_tokens`).
 """
 
 from __future__ import annotations
@@ -16,20 +16,15 @@ from typing import Any
 
 from guard.errors import LimitExceeded
 from guard.prompt._counting import PromptCounting
-from guard.prompt._jsonsize import indent4_size, indent4_text, utf8_len
-from guard.prompt._placeholders import expansion_weight
+from guard.prompt._jsonsize import indent4_size, indent4_text
 from guard.prompt._units import PromptUnit
 from guard.request import Path
 
-__all__ = ["fields_tokens", "template_tokens"]
+__all__ = ["fields_tokens"]
 
 # Tokens added to each field counted inside a template's text (the fallback bound): a token
 # merged across its edges.
 _EDGE = 1
-
-# Literal runs of a prompt template at most this long are weighed by their bytes (a sound upper
-# bound on their tokens), so a template of many tiny runs costs few tokenizer calls.
-_SMALL_RUN = 64
 
 
 class _Json:
@@ -56,11 +51,17 @@ def _forms(
 
 
 def fields_tokens(
-    unit: PromptUnit, how: PromptCounting, limit: int, over: Callable[[Path], LimitExceeded]
+    unit: PromptUnit,
+    how: PromptCounting,
+    expansion: int,
+    limit: int,
+    over: Callable[[Path], LimitExceeded],
 ) -> int:
-    """The fallback bound of one unit: each field counted exactly, plus the overheads; ``over``
-    makes the refusal once past ``limit``."""
+    """The fallback bound of one unit: each field counted exactly, plus the overheads and
+    ``expansion``, its prompt template's tokens; ``over`` makes the refusal once past
+    ``limit``."""
     counter = how.counter
+    fields = _forms(unit, how.flavours)
     used = unit.fixed
     if used > limit:
         raise over(unit.path)
@@ -73,7 +74,7 @@ def fields_tokens(
     edge = _EDGE if unit.templated else 0
     # Tokens are at most max_token_bytes long (for other tokenizers, 64 bytes is assumed).
     token_bytes = max(counter.max_token_bytes, 64)
-    for path, forms in _forms(unit, how.flavours):
+    for path, forms in fields:
         left = limit - used - edge
         weight = 0
         for form in forms:
@@ -92,23 +93,7 @@ def fields_tokens(
     if used > limit:
         raise over(unit.path)
     if unit.template is not None:
-        used += template_tokens(unit, how, max(limit - used, 0) + 1)
+        used += expansion
         if used > limit:
             raise over(("prompt_template",))
     return used
-
-
-def template_tokens(unit: PromptUnit, how: PromptCounting, cap: int) -> int:
-    """A bound on the tokens of the unit's expanded prompt template (0 without one), literal
-    runs counted (short ones weighed by their bytes)."""
-    if unit.template is None:
-        return 0
-    counter = how.counter
-
-    def weigh(text: str) -> int:
-        size = utf8_len(text) if len(text) <= _SMALL_RUN else None
-        if size is not None and size <= _SMALL_RUN and counter.byte_bounds:
-            return size
-        return counter.measure(text, cap, exact=True).tokens
-
-    return expansion_weight(*unit.template, weigh, how.template_depth, cap)

@@ -24,8 +24,16 @@ from dataclasses import dataclass
 from itertools import islice
 
 from guard.template_scan import DELIMITER
+from guard.tokens import TokenCounter
 
-__all__ = ["Expansion", "Source", "bound_expansion", "expansion_weight", "parse_source"]
+__all__ = [
+    "Expansion",
+    "Source",
+    "bound_expansion",
+    "expansion_tokens",
+    "expansion_weight",
+    "parse_source",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,3 +200,24 @@ def expansion_weight(
     if bound.too_deep is not None:
         return min(cap, weigh(template) + sum(weigh(v) for v in variables.values()))
     return bound.size
+
+
+# Literal runs at most this long are weighed by their bytes (a sound upper bound on their tokens),
+# so a template of many tiny runs costs few tokenizer calls.
+_SMALL_RUN = 64
+
+
+def expansion_tokens(
+    template: str, variables: Mapping[str, str], counter: TokenCounter, max_depth: int, cap: int
+) -> int:
+    """:func:`expansion_weight` in tokens: literal runs counted (short ones weighed by their
+    bytes where they bound the tokens); at least ``cap`` once the expansion reaches it."""
+
+    def weigh(text: str) -> int:
+        if len(text) <= _SMALL_RUN and counter.byte_bounds:
+            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+            if size <= _SMALL_RUN:
+                return size
+        return counter.measure(text, cap, exact=True).tokens
+
+    return expansion_weight(template, variables, weigh, max_depth, cap)

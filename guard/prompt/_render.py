@@ -26,8 +26,8 @@ them too.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from guard.budget import Budget, Limits
 from guard.errors import GuardError, LimitExceeded, TemplateError
@@ -39,13 +39,14 @@ from guard.jinja import (
     compile_chat_template,
 )
 from guard.jinja import render_chat_template as _render
-from guard.prompt._units import ChatInput
-from guard.prompt._vllm_chat import TemplateCall, cut_at_marker, llama_cpp_call, vllm_call
+from guard.prompt._counting import Flavour, PromptCounting
+from guard.prompt._template_source import ChatTemplate
+from guard.prompt._units import ChatInput, PromptUnit
+from guard.prompt._vllm_chat import cut_at_marker, llama_cpp_call, vllm_call
+from guard.request import Path
 from guard.tokens import TokenCounter
 
-__all__ = ["Flavour", "RenderOutcome", "render_count"]
-
-Flavour = Literal["vllm", "llama_cpp"]
+__all__ = ["RenderOutcome", "render_count", "rendered_tokens"]
 
 
 @dataclass(frozen=True)
@@ -56,19 +57,6 @@ class RenderOutcome:
 
     tokens: int | None
     raised: GuardError | None = None
-
-
-def _call(
-    flavour: Flavour,
-    chat: ChatInput,
-    text: str,
-    special_tokens: tuple[tuple[str, str], ...],
-    max_depth: int,
-    content_format: str,
-) -> TemplateCall:
-    if flavour == "vllm":
-        return vllm_call(chat, text, special_tokens, max_depth, content_format)
-    return llama_cpp_call(chat, special_tokens)
 
 
 def render_count(
@@ -82,25 +70,50 @@ def render_count(
     max_depth: int,
     content_format: str = "auto",
     param: str | None = None,
+    strings: Sequence[str] = (),
 ) -> RenderOutcome:
     """The conversation rendered with the template ``text`` as each upstream in ``flavours``
     renders it (module docstring); raises ``prompt_tokens_exceeded`` (or a sandbox limit) once a
-    render is past ``limit``."""
+    render is past ``limit``, or before rendering anything when the conversation's ``strings``
+    alone have more tokens (cheap bounds)."""
+    if (
+        strings
+        and counter.byte_bounds
+        and (
+            max(map(len, strings)) > counter.max_token_bytes * limit
+            or counter.lower_bound_of_sum(strings, enough=limit) > limit
+        )
+    ):
+        raise LimitExceeded(
+            "prompt_tokens_exceeded",
+            f"the prompt's strings alone have more tokens than the limit of {limit}",
+            param=param,
+        )
     compiled: GuardedTemplate = compile_chat_template(text, sandbox)
     counted: dict[str, int] = {}
     raised: GuardError | None = None
     for flavour in flavours:
-        call = _call(flavour, chat, text, special_tokens, max_depth, content_format)
+        if flavour == "vllm":
+            call = vllm_call(chat, text, special_tokens, max_depth, content_format)
+        else:
+            call = llama_cpp_call(chat, special_tokens)
         if call.refused is not None:
             # The upstream answers 400 before rendering (vLLM's own checks): not a cost.
             if raised is None:
                 raised = TemplateError(CODE_RENDER_FAILED, call.refused)
             continue
-        rendered = _render_one(compiled, call, sandbox)
-        if isinstance(rendered, GuardError):
-            if rendered.code == CODE_RAISED and raised is None:
-                raised = rendered
+        # Output, loops, values and time are the sandbox's to bound.
+        budget = Budget(Limits(deadline_s=sandbox.deadline_s))
+        try:
+            rendered = _render(compiled, call.variables, limits=sandbox, budget=budget)
+        except TemplateError as exc:  # the sandbox or the template refused this input
+            if exc.code == CODE_RAISED and raised is None:
+                raised = exc
             continue
+        except LimitExceeded as exc:
+            if exc.code == "deadline_exceeded":
+                continue  # the guard is slow (a loaded machine): the bound decides
+            raise
         prompt = cut_at_marker(rendered) if call.continue_final else rendered
         if prompt is None:
             continue  # transformers refuses: the template dropped the final message
@@ -119,17 +132,47 @@ def render_count(
     return RenderOutcome(None, raised)
 
 
-def _render_one(
-    compiled: GuardedTemplate, call: TemplateCall, sandbox: ChatTemplateLimits
-) -> str | GuardError:
-    """The rendered prompt, or why the render failed for a reason that is not a cost."""
-    # Output, loops, values and time are the sandbox's to bound.
-    budget = Budget(Limits(deadline_s=sandbox.deadline_s))
+def rendered_tokens(
+    unit: PromptUnit,
+    how: PromptCounting,
+    template: ChatTemplate,
+    expansion: int,
+    limit: int,
+    over: Callable[[Path], LimitExceeded],
+    *,
+    refuse: bool = True,
+) -> int | None:
+    """One conversation's exact count from the upstream's template, beside its ids, media,
+    special tokens and prompt template's ``expansion`` (None: no render succeeded, fall back to
+    the bound); past ``limit``, ``over`` makes the refusal. With ``refuse``, the upstream's own
+    refusal of the conversation is raised."""
+    assert unit.chat is not None
+    fixed = unit.token_ids + unit.media + unit.specials + expansion
+    left = limit - fixed
+    if left < 0:
+        raise over(unit.path)
+    strings = [text for _, text in unit.texts]
+    strings.extend(arg.raw for arg in unit.arguments)
+    text, special = template
     try:
-        return _render(compiled, call.variables, limits=sandbox, budget=budget)
-    except TemplateError as exc:
-        return exc  # the sandbox or the template refused this input
+        outcome = render_count(
+            unit.chat,
+            text,
+            special,
+            how.flavours,
+            how.counter,
+            left,
+            how.sandbox,
+            how.units.max_json_depth,
+            how.content_format,
+            strings=strings,
+        )
     except LimitExceeded as exc:
-        if exc.code == "deadline_exceeded":
-            return exc  # the guard is slow (a loaded machine): the bound decides
+        if exc.code == "prompt_tokens_exceeded":
+            raise over(unit.path) from None
         raise
+    if outcome.tokens is None:
+        if outcome.raised is not None and refuse:
+            raise outcome.raised  # the template refuses this input, as it would upstream
+        return None
+    return outcome.tokens + fixed
