@@ -14,7 +14,6 @@ Also here, for the templates check: a prompt template's expansion bounded withou
 """
 
 from guard.prompt._count import count_prompt
-from guard.prompt._counting import Flavour, PromptCount, PromptCounting, PromptLimits
 from guard.prompt._jsonsize import indent4_size
 from guard.prompt._placeholders import Source, bound_expansion, parse_source
 from guard.prompt._template_source import (
@@ -22,6 +21,7 @@ from guard.prompt._template_source import (
     check_chat_template_source,
     load_chat_template,
 )
+from guard.prompt._terms import Flavour, PromptCount, PromptCounting, PromptLimits
 from guard.prompt._units import Counting
 
 __all__ = [

@@ -6,11 +6,11 @@ to the prompt cap and, sequence by sequence, to the context window beside the ou
 1. the sequences are gathered (:mod:`._units`, and :mod:`._score` for vLLM's ``/score`` and
    ``/rerank``), and the chat template the upstream renders them with is found
    (:mod:`._template_source`);
-2. the byte bound (:mod:`._bytes`): UTF-8 bytes bound the tokens of byte-level BPE, so a prompt
+2. the byte bound (:mod:`._byte_bound`): UTF-8 bytes bound the tokens of byte-level BPE, so a prompt
    whose bytes (indent-4 JSON for structured values, overheads added) fit is admitted
    untokenized (unless ``exact``, which defaults to true when the upstream's chat template is
    known);
-3. otherwise each sequence is counted (:mod:`._counted`): a lower bound of its strings over the
+3. otherwise each sequence is counted (:mod:`._sequences`): a lower bound of its strings over the
    limit refuses without rendering anything; a chat with the upstream's chat template known
    (configured, or the request's own when the policy accepts it) is rendered as the upstream
    renders it and counted (:mod:`._render`); otherwise each field is counted with an early stop
@@ -25,11 +25,11 @@ bytes admit is counted as well (what the upstream's log-probabilities echo), onc
 
 from __future__ import annotations
 
-from guard.prompt._bytes import byte_bound
-from guard.prompt._counted import counted
-from guard.prompt._counting import PromptCount, PromptCounting, PromptLimits
+from guard.prompt._byte_bound import byte_bound
 from guard.prompt._score import score_units
+from guard.prompt._sequences import count_sequences
 from guard.prompt._template_source import chat_template_for
+from guard.prompt._terms import PromptCount, PromptCounting, PromptLimits
 from guard.prompt._units import prompt_units
 from guard.request import RequestView
 
@@ -56,7 +56,7 @@ def count_prompt(
         bound = byte_bound(units, how, limits, None if template is None else template[0])
         if bound is not None and not exact_per_unit:
             return PromptCount(bound[0], False, bound[1], media)
-    per_unit = counted(units, how, limits, template)
+    per_unit = count_sequences(units, how, limits, template)
     if bound is not None:
         return PromptCount(bound[0], False, bound[1], media, per_unit)
     return PromptCount(sum(per_unit), True, per_unit, media, per_unit)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from guard.errors import LimitExceeded
-from guard.prompt._counting import PromptCounting
 from guard.prompt._jsonsize import indent4_size, indent4_text
+from guard.prompt._terms import PromptCounting
 from guard.prompt._units import PromptUnit
 from guard.request import Path
 

@@ -9,8 +9,7 @@ upstream listed in ``limits.tokens.render_like`` builds the conversation its own
 succeeds is a candidate and the largest count wins. ``continue_final_message`` cuts vLLM's
 prompt after the final message, as transformers cuts it.
 
-Each distinct rendered prompt is counted once, with an early stop past the limit, by the
-policy's tokenizer, special-token text parsed as the special tokens, as both servers do (the
+Each distinct rendered prompt is counted once, with an early stop past the limit, by the policy's tokenizer, special-token text parsed as the special tokens, as both servers do (the
 sandbox bounds the render itself: output, values, loops, time). Media placeholders are not
 rendered: the media tokens are the per-item estimates.
 
@@ -26,7 +25,6 @@ them too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from guard.budget import Budget, Limits
@@ -39,14 +37,12 @@ from guard.jinja import (
     compile_chat_template,
 )
 from guard.jinja import render_chat_template as _render
-from guard.prompt._counting import Flavour, PromptCounting
-from guard.prompt._template_source import ChatTemplate
-from guard.prompt._units import ChatInput, PromptUnit
+from guard.prompt._terms import Flavour
+from guard.prompt._units import ChatInput
 from guard.prompt._vllm_chat import cut_at_marker, llama_cpp_call, vllm_call
-from guard.request import Path
 from guard.tokens import TokenCounter
 
-__all__ = ["RenderOutcome", "render_count", "rendered_tokens"]
+__all__ = ["RenderOutcome", "render_count"]
 
 
 @dataclass(frozen=True)
@@ -70,25 +66,10 @@ def render_count(
     max_depth: int,
     content_format: str = "auto",
     param: str | None = None,
-    strings: Sequence[str] = (),
 ) -> RenderOutcome:
     """The conversation rendered with the template ``text`` as each upstream in ``flavours``
     renders it (module docstring); raises ``prompt_tokens_exceeded`` (or a sandbox limit) once a
-    render is past ``limit``, or before rendering anything when the conversation's ``strings``
-    alone have more tokens (cheap bounds)."""
-    if (
-        strings
-        and counter.byte_bounds
-        and (
-            max(map(len, strings)) > counter.max_token_bytes * limit
-            or counter.lower_bound_of_sum(strings, enough=limit) > limit
-        )
-    ):
-        raise LimitExceeded(
-            "prompt_tokens_exceeded",
-            f"the prompt's strings alone have more tokens than the limit of {limit}",
-            param=param,
-        )
+    render is past ``limit``."""
     compiled: GuardedTemplate = compile_chat_template(text, sandbox)
     counted: dict[str, int] = {}
     raised: GuardError | None = None
@@ -130,49 +111,3 @@ def render_count(
     if counted:
         return RenderOutcome(max(counted.values()))
     return RenderOutcome(None, raised)
-
-
-def rendered_tokens(
-    unit: PromptUnit,
-    how: PromptCounting,
-    template: ChatTemplate,
-    expansion: int,
-    limit: int,
-    over: Callable[[Path], LimitExceeded],
-    *,
-    refuse: bool = True,
-) -> int | None:
-    """One conversation's exact count from the upstream's template, beside its ids, media,
-    special tokens and prompt template's ``expansion`` (None: no render succeeded, fall back to
-    the bound); past ``limit``, ``over`` makes the refusal. With ``refuse``, the upstream's own
-    refusal of the conversation is raised."""
-    assert unit.chat is not None
-    fixed = unit.token_ids + unit.media + unit.specials + expansion
-    left = limit - fixed
-    if left < 0:
-        raise over(unit.path)
-    strings = [text for _, text in unit.texts]
-    strings.extend(arg.raw for arg in unit.arguments)
-    text, special = template
-    try:
-        outcome = render_count(
-            unit.chat,
-            text,
-            special,
-            how.flavours,
-            how.counter,
-            left,
-            how.sandbox,
-            how.units.max_json_depth,
-            how.content_format,
-            strings=strings,
-        )
-    except LimitExceeded as exc:
-        if exc.code == "prompt_tokens_exceeded":
-            raise over(unit.path) from None
-        raise
-    if outcome.tokens is None:
-        if outcome.raised is not None and refuse:
-            raise outcome.raised  # the template refuses this input, as it would upstream
-        return None
-    return outcome.tokens + fixed

@@ -6,15 +6,15 @@ indent-4 JSON (:mod:`._jsonsize`), a tool call's arguments as sent (llama-cpp-py
 and printed again (vLLM), a prompt template's expansion bounded (:mod:`._placeholders`), the chat
 template's own text (:mod:`._template_bound`), plus the tokens that are not text (ids, markup,
 media, special tokens). The first sequence past its limit ends the proof: the prompt is then
-counted (:mod:`._counted`).
+counted (:mod:`._sequences`).
 """
 
 from __future__ import annotations
 
-from guard.prompt._counting import UNBOUNDED, PromptCounting, PromptLimits
 from guard.prompt._jsonsize import indent4_size, utf8_len
 from guard.prompt._placeholders import expansion_weight
 from guard.prompt._template_bound import template_literal_bytes
+from guard.prompt._terms import UNBOUNDED, PromptCounting, PromptLimits
 from guard.prompt._units import PromptUnit
 
 __all__ = ["byte_bound"]
