@@ -10,7 +10,8 @@ each prompt plus its output within the context length; its limit set, ``limits.t
    upstream will tokenize, summed over the request, at most ``max_prompt_tokens``, and each
    sequence at most ``context_length`` minus the output cap: a byte bound, the upstream's chat
    template rendered, or a bound counted field by field), with the policy's counting settings
-   (:func:`prompt_counting`, built once per policy).
+   (:func:`prompt_counting`, built once per policy); when llama-cpp-python's log-probabilities
+   echo the prompt, each sequence's exact count is asked for with it.
 4. In front of llama-cpp-python, log-probabilities cost a vocabulary sort and a prefix
    detokenisation per position: held to ``max_logprob_work`` (:mod:`guard.checks._logprob_work`).
 
