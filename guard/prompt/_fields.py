@@ -42,11 +42,13 @@ def _forms(
     """Each field of the unit with the forms it is printed in, in order: texts, values,
     arguments."""
     fields: list[tuple[Path, tuple[str | _Json, ...]]] = [(p, (t,)) for p, t in unit.texts]
-    fields.extend((p, (_Json(v),)) for p, v in unit.values)
-    raw, parsed = "llama_cpp" in flavours, "vllm" in flavours
-    for arg in unit.arguments:
-        forms: tuple[str | _Json, ...] = (arg.raw,) if raw else ()
-        fields.append((arg.path, (*forms, _Json(arg.parsed)) if parsed else forms))
+    if unit.values:
+        fields += [(p, (_Json(v),)) for p, v in unit.values]
+    if unit.arguments:
+        raw, parsed = "llama_cpp" in flavours, "vllm" in flavours
+        for arg in unit.arguments:
+            forms: tuple[str | _Json, ...] = (arg.raw,) if raw else ()
+            fields.append((arg.path, (*forms, _Json(arg.parsed)) if parsed else forms))
     return fields
 
 
