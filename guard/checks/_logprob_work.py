@@ -32,6 +32,7 @@ from guard.request import Endpoint, lax_bool
 __all__ = [
     "PREFIX_WEIGHT",
     "check_llama_cpp_logprob_work",
+    "echoes_prompt",
     "logprob_positions_asked",
     "logprob_work",
     "most_positions",
@@ -49,6 +50,18 @@ def logprob_positions_asked(body: Mapping[str, Any], endpoint: Endpoint) -> bool
     if endpoint == "completions":
         return body.get("logprobs") is not None
     return False
+
+
+def echoes_prompt(body: Mapping[str, Any], endpoint: Endpoint) -> bool:
+    """Whether the prompt's own tokens are positions too: a completion's ``echo`` (not
+    streamed) with log-probabilities asked for. A byte bound would refuse what fits: the prompt
+    is then counted."""
+    return (
+        endpoint == "completions"
+        and logprob_positions_asked(body, endpoint)
+        and lax_bool(body.get("echo")) is True
+        and lax_bool(body.get("stream")) is not True
+    )
 
 
 def logprob_work(positions: int, vocabulary: int) -> int:
@@ -75,31 +88,39 @@ def check_llama_cpp_logprob_work(
     body: Mapping[str, Any],
     endpoint: Endpoint,
     *,
-    echoed: Sequence[int],
-    output: Sequence[int],
+    per_unit: Sequence[int],
+    output: int | None,
+    window: int | None,
     vocabulary: int,
     limit: int | None,
 ) -> int:
     """The request's log-probability work, raising ``logprob_work_exceeded`` over ``limit``.
 
-    ``echoed``: the prompt tokens echoed per prompt (empty without ``echo``); ``output``: the
-    output tokens of each prompt (llama-cpp-python generates one sequence: it drops ``n`` and
-    ``best_of``).
+    ``per_unit``: the prompt's tokens per sequence (counted when :func:`echoes_prompt`: they are
+    echoed); ``output``: the output cap per sequence, None when the upstream generates to the
+    end of the ``window``. A completion's prompts are positions each; a chat is one prompt
+    (llama-cpp-python generates one sequence: it drops ``n`` and ``best_of``).
     """
     if not logprob_positions_asked(body, endpoint):
         return 0
+    prompts = list(per_unit) if endpoint == "completions" else [sum(per_unit)]
+    if output is None:
+        generated = [0 if window is None else max(0, window - used) for used in prompts]
+    else:
+        generated = [output] * len(prompts)
+    echoed = prompts if echoes_prompt(body, endpoint) else ()
     total = 0
-    for i, generated in enumerate(output):
+    for i, made in enumerate(generated):
         prompt = echoed[i] if i < len(echoed) else 0
-        positions = prompt + generated
+        positions = prompt + made
         total += logprob_work(positions, vocabulary)
         if limit is None or total <= limit:
             continue
         room = max(0, most_positions(limit, vocabulary) - prompt)
         what = (
-            f"{prompt} echoed prompt tokens + {generated} generated"
+            f"{prompt} echoed prompt tokens + {made} generated"
             if prompt
-            else f"{generated} generated tokens"
+            else f"{made} generated tokens"
         )
         advice = (
             "drop echo or logprobs, or shorten the prompt"

@@ -10,7 +10,8 @@ each prompt plus its output within the context length; its limit set, ``limits.t
    upstream will tokenize, summed over the request, at most ``max_prompt_tokens``, and each
    sequence at most ``context_length`` minus the output cap: a byte bound, the upstream's chat
    template rendered, or a bound counted field by field), with the policy's counting settings
-   (:func:`prompt_counting`, built once per policy).
+   (:func:`prompt_counting`, built once per policy); when llama-cpp-python's log-probabilities
+   echo the prompt, each sequence's exact count is asked for with it.
 4. In front of llama-cpp-python, log-probabilities cost a vocabulary sort and a prefix
    detokenisation per position: held to ``max_logprob_work`` (:mod:`guard.checks._logprob_work`).
 
@@ -29,12 +30,11 @@ nested too deep to parse), and the sandbox's ``chat_template_*`` limits and ``de
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Protocol
 
 from guard.checks._logit_bias import check_llama_cpp_logit_bias
-from guard.checks._logprob_work import check_llama_cpp_logprob_work, logprob_positions_asked
-from guard.checks._output import OutputCap, clamped_to_window, output_cap, window_remainder
+from guard.checks._logprob_work import check_llama_cpp_logprob_work, echoes_prompt
+from guard.checks._output import clamped_to_window, output_cap, window_remainder
 from guard.checks._policy import PolicyView
 from guard.checks._result import CheckResult, Mutation, pure_check
 from guard.checks._tokens_limits import TokensLimits
@@ -43,12 +43,11 @@ from guard.json import JsonLimits
 from guard.prompt import (
     Counting,
     Flavour,
-    PromptCount,
     PromptCounting,
     PromptLimits,
     count_prompt,
 )
-from guard.request import RequestView, lax_bool
+from guard.request import RequestView
 from guard.tokens import get_counter
 
 __all__ = ["OUTPUT_OVERSHOOT", "TokensReads", "check_tokens", "prompt_counting", "render_flavours"]
@@ -93,7 +92,9 @@ def check_tokens(view: RequestView, policy: PolicyView[TokensReads]) -> CheckRes
         0 if output is None else output.tokens,
         output is not None and not output.implicit,
     )
-    prompt = count_prompt(view, how, limits)
+    # Log-probabilities that echo the prompt need its exact count: asked for with it.
+    echo = kind == "llama_cpp" and output is not None and echoes_prompt(body, view.endpoint)
+    prompt = count_prompt(view, how, limits, exact_per_unit=echo)
     if output is not None and output.to_window:
         assert tokens.context_length is not None  # to_window is only set with a window
         output = clamped_to_window(output, prompt.per_unit, tokens.context_length, mutations)
@@ -110,8 +111,16 @@ def check_tokens(view: RequestView, policy: PolicyView[TokensReads]) -> CheckRes
             overshoot = OUTPUT_OVERSHOOT if kind == "llama_cpp" else 0
             reserved = (output.tokens + overshoot) * sequences
     logprob_work = 0
-    if kind == "llama_cpp" and output is not None and logprob_positions_asked(body, view.endpoint):
-        logprob_work = _logprob_work(view, how, limits, prompt, output, tokens)
+    if kind == "llama_cpp" and output is not None:
+        logprob_work = check_llama_cpp_logprob_work(
+            body,
+            view.endpoint,
+            per_unit=prompt.per_unit if prompt.exact_per_unit is None else prompt.exact_per_unit,
+            output=None if output.implicit else output.tokens,
+            window=tokens.context_length,
+            vocabulary=how.counter.vocabulary_size,
+            limit=tokens.max_logprob_work,
+        )
     costs = {
         "prompt_tokens": prompt.tokens,
         "prompt_tokens_exact": int(prompt.exact),
@@ -127,40 +136,6 @@ def check_tokens(view: RequestView, policy: PolicyView[TokensReads]) -> CheckRes
     if logprob_work:
         costs["logprob_work"] = logprob_work
     return CheckResult.passed(costs, tuple(mutations))
-
-
-def _logprob_work(
-    view: RequestView,
-    how: PromptCounting,
-    limits: PromptLimits,
-    prompt: PromptCount,
-    output: OutputCap,
-    tokens: TokensLimits,
-) -> int:
-    """llama-cpp-python's log-probability work for this request (:mod:`._logprob_work`)."""
-    body = view.obj or {}
-    echo = (
-        view.endpoint == "completions"
-        and lax_bool(body.get("echo")) is True
-        and lax_bool(body.get("stream")) is not True
-    )
-    if echo and not prompt.exact:
-        # The positions are the prompt's own tokens: a byte bound would refuse what fits.
-        prompt = count_prompt(view, replace(how, exact=True), limits)
-    per_unit = prompt.per_unit if view.endpoint == "completions" else [sum(prompt.per_unit)]
-    window = tokens.context_length
-    if output.implicit:
-        generated = [0 if window is None else max(0, window - used) for used in per_unit]
-    else:
-        generated = [output.tokens] * len(per_unit)
-    return check_llama_cpp_logprob_work(
-        body,
-        view.endpoint,
-        echoed=per_unit if echo else (),
-        output=generated,
-        vocabulary=how.counter.vocabulary_size,
-        limit=tokens.max_logprob_work,
-    )
 
 
 def render_flavours(policy: PolicyView[TokensReads]) -> tuple[Flavour, ...]:

@@ -13,15 +13,15 @@ Also here, for the templates check: a prompt template's expansion bounded withou
 (:func:`indent4_size`).
 """
 
-from guard.prompt._count import PromptCount, PromptCounting, PromptLimits, count_prompt
+from guard.prompt._count import count_prompt
 from guard.prompt._jsonsize import indent4_size
 from guard.prompt._placeholders import Source, bound_expansion, parse_source
-from guard.prompt._render import Flavour
 from guard.prompt._template_source import (
     ChatTemplateSource,
     check_chat_template_source,
     load_chat_template,
 )
+from guard.prompt._terms import Flavour, PromptCount, PromptCounting, PromptLimits
 from guard.prompt._units import Counting
 
 __all__ = [

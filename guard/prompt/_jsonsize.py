@@ -16,12 +16,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["escaped_size", "indent4_size", "indent4_text"]
+__all__ = ["escaped_size", "indent4_size", "indent4_text", "utf8_len"]
 
 _INDENT = 4
 # Characters json.dumps writes as a two-character escape; other control characters take six.
 _SHORT_ESCAPES = ("\n", "\r", "\t", "\b", "\f")
 _CONTROL = {c: None for c in range(0x20)}
+
+
+def utf8_len(text: str) -> int:
+    """UTF-8 bytes of ``text`` as it is printed (a lone surrogate as its three bytes)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def escaped_size(text: str) -> int:

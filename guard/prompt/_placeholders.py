@@ -24,8 +24,16 @@ from dataclasses import dataclass
 from itertools import islice
 
 from guard.template_scan import DELIMITER
+from guard.tokens import TokenCounter
 
-__all__ = ["Expansion", "Source", "bound_expansion", "parse_source"]
+__all__ = [
+    "Expansion",
+    "Source",
+    "bound_expansion",
+    "expansion_tokens",
+    "expansion_weight",
+    "parse_source",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,3 +183,41 @@ def bound_expansion(
                 level.all_ok = False
     ok, size, expansions, culprit = _evaluate(template, 0, levels, variables, cap)
     return Expansion(size, expansions, None if ok else culprit)
+
+
+def expansion_weight(
+    template: str,
+    variables: Mapping[str, str],
+    weigh: Callable[[str], int],
+    max_depth: int,
+    cap: int,
+) -> int:
+    """An upper bound on the weight of ``template`` expanded with ``variables`` (``weigh``
+    measures literal text: bytes, or tokens); one nested too deep, which the templates check
+    refuses, weighs its text once."""
+    sources = {name: parse_source(value, weigh) for name, value in variables.items()}
+    bound = bound_expansion(parse_source(template, weigh), sources, max_depth, cap)
+    if bound.too_deep is not None:
+        return min(cap, weigh(template) + sum(weigh(v) for v in variables.values()))
+    return bound.size
+
+
+# Literal runs at most this long are weighed by their bytes (a sound upper bound on their tokens),
+# so a template of many tiny runs costs few tokenizer calls.
+_SMALL_RUN = 64
+
+
+def expansion_tokens(
+    template: str, variables: Mapping[str, str], counter: TokenCounter, max_depth: int, cap: int
+) -> int:
+    """:func:`expansion_weight` in tokens: literal runs counted (short ones weighed by their
+    bytes where they bound the tokens); at least ``cap`` once the expansion reaches it."""
+
+    def weigh(text: str) -> int:
+        if len(text) <= _SMALL_RUN and counter.byte_bounds:
+            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+            if size <= _SMALL_RUN:
+                return size
+        return counter.measure(text, cap, exact=True).tokens
+
+    return expansion_weight(template, variables, weigh, max_depth, cap)

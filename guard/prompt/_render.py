@@ -9,8 +9,7 @@ upstream listed in ``limits.tokens.render_like`` builds the conversation its own
 succeeds is a candidate and the largest count wins. ``continue_final_message`` cuts vLLM's
 prompt after the final message, as transformers cuts it.
 
-Each distinct rendered prompt is counted once, with an early stop past the limit, by the
-policy's tokenizer, special-token text parsed as the special tokens, as both servers do (the
+Each distinct rendered prompt is counted once, with an early stop past the limit, by the policy's tokenizer, special-token text parsed as the special tokens, as both servers do (the
 sandbox bounds the render itself: output, values, loops, time). Media placeholders are not
 rendered: the media tokens are the per-item estimates.
 
@@ -27,7 +26,6 @@ them too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from guard.budget import Budget, Limits
 from guard.errors import GuardError, LimitExceeded, TemplateError
@@ -39,13 +37,12 @@ from guard.jinja import (
     compile_chat_template,
 )
 from guard.jinja import render_chat_template as _render
+from guard.prompt._terms import Flavour
 from guard.prompt._units import ChatInput
-from guard.prompt._vllm_chat import TemplateCall, cut_at_marker, llama_cpp_call, vllm_call
+from guard.prompt._vllm_chat import cut_at_marker, llama_cpp_call, vllm_call
 from guard.tokens import TokenCounter
 
-__all__ = ["Flavour", "RenderOutcome", "render_count"]
-
-Flavour = Literal["vllm", "llama_cpp"]
+__all__ = ["RenderOutcome", "render_count"]
 
 
 @dataclass(frozen=True)
@@ -56,19 +53,6 @@ class RenderOutcome:
 
     tokens: int | None
     raised: GuardError | None = None
-
-
-def _call(
-    flavour: Flavour,
-    chat: ChatInput,
-    text: str,
-    special_tokens: tuple[tuple[str, str], ...],
-    max_depth: int,
-    content_format: str,
-) -> TemplateCall:
-    if flavour == "vllm":
-        return vllm_call(chat, text, special_tokens, max_depth, content_format)
-    return llama_cpp_call(chat, special_tokens)
 
 
 def render_count(
@@ -90,17 +74,27 @@ def render_count(
     counted: dict[str, int] = {}
     raised: GuardError | None = None
     for flavour in flavours:
-        call = _call(flavour, chat, text, special_tokens, max_depth, content_format)
+        if flavour == "vllm":
+            call = vllm_call(chat, text, special_tokens, max_depth, content_format)
+        else:
+            call = llama_cpp_call(chat, special_tokens)
         if call.refused is not None:
             # The upstream answers 400 before rendering (vLLM's own checks): not a cost.
             if raised is None:
                 raised = TemplateError(CODE_RENDER_FAILED, call.refused)
             continue
-        rendered = _render_one(compiled, call, sandbox)
-        if isinstance(rendered, GuardError):
-            if rendered.code == CODE_RAISED and raised is None:
-                raised = rendered
+        # Output, loops, values and time are the sandbox's to bound.
+        budget = Budget(Limits(deadline_s=sandbox.deadline_s))
+        try:
+            rendered = _render(compiled, call.variables, limits=sandbox, budget=budget)
+        except TemplateError as exc:  # the sandbox or the template refused this input
+            if exc.code == CODE_RAISED and raised is None:
+                raised = exc
             continue
+        except LimitExceeded as exc:
+            if exc.code == "deadline_exceeded":
+                continue  # the guard is slow (a loaded machine): the bound decides
+            raise
         prompt = cut_at_marker(rendered) if call.continue_final else rendered
         if prompt is None:
             continue  # transformers refuses: the template dropped the final message
@@ -117,19 +111,3 @@ def render_count(
     if counted:
         return RenderOutcome(max(counted.values()))
     return RenderOutcome(None, raised)
-
-
-def _render_one(
-    compiled: GuardedTemplate, call: TemplateCall, sandbox: ChatTemplateLimits
-) -> str | GuardError:
-    """The rendered prompt, or why the render failed for a reason that is not a cost."""
-    # Output, loops, values and time are the sandbox's to bound.
-    budget = Budget(Limits(deadline_s=sandbox.deadline_s))
-    try:
-        return _render(compiled, call.variables, limits=sandbox, budget=budget)
-    except TemplateError as exc:
-        return exc  # the sandbox or the template refused this input
-    except LimitExceeded as exc:
-        if exc.code == "deadline_exceeded":
-            return exc  # the guard is slow (a loaded machine): the bound decides
-        raise

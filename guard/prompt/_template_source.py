@@ -36,7 +36,9 @@ from guard.prompt._units import ChatInput
 from guard.prompt._vllm_chat import vllm_call
 
 __all__ = [
+    "ChatTemplate",
     "ChatTemplateSource",
+    "chat_template_for",
     "check_chat_template_source",
     "load_chat_template",
     "tokenizer_special_tokens",
@@ -56,6 +58,8 @@ _SPECIAL_TOKEN_NAMES = (
 _GENERATION_TAG = re.compile(r"\{%(-?)\s*(end)?generation\s*(-?)%\}")
 
 SpecialTokens = tuple[tuple[str, str], ...]
+# A template's source and the special tokens it is rendered with.
+ChatTemplate = tuple[str, SpecialTokens]
 
 
 @dataclass(frozen=True)
@@ -286,6 +290,29 @@ def load_chat_template(spec: str | None, tokenizer: str) -> ChatTemplateSource |
 
 
 # The guard's own refusals of a template (not of one input): at start-up, an error.
+def chat_template_for(
+    body: dict[str, Any], configured: str | None, tokenizer: str, request_templates: bool
+) -> ChatTemplate | None:
+    """The chat template the upstream renders this request with, and its special tokens: the
+    request's own when the policy accepts request templates, else the ``configured`` one."""
+    found = load_chat_template(configured, tokenizer)
+    if found is not None:
+        special = found.special_tokens
+    else:  # a request's template alone: the tokenizer's tokens all the same
+        special = tokenizer_special_tokens(tokenizer) or ()
+    if request_templates:
+        kwargs = body.get("chat_template_kwargs")
+        for source in (
+            body.get("chat_template"),
+            kwargs.get("chat_template") if isinstance(kwargs, dict) else None,
+        ):
+            if isinstance(source, str):
+                return source, special
+    if found is None:
+        return None
+    return found.source_for(bool(body.get("tools"))), special
+
+
 _SANDBOX_CODES = frozenset({CODE_SECURITY, CODE_NOT_ALLOWED, CODE_INVALID})
 
 

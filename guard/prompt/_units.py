@@ -142,6 +142,20 @@ class PromptUnit:
     # prompt_template with placeholders, and the string template_vars it may expand
     template: tuple[str, dict[str, str]] | None = None
     chat: ChatInput | None = None
+    # the Responses API's input items as a conversation: not rendered, they size the template's
+    # loops (:attr:`loops`)
+    items: ChatInput | None = None
+
+    @property
+    def fixed(self) -> int:
+        """The tokens that are not text: ids, markup, media, special tokens."""
+        return self.token_ids + self.overhead + self.media + self.specials
+
+    @property
+    def loops(self) -> ChatInput | None:
+        """What sizes the chat template's loops when it is not rendered: the conversation, or
+        the Responses API's input items."""
+        return self.chat or self.items
 
     def add(self, path: Path, value: Any) -> None:
         if isinstance(value, str):
@@ -451,6 +465,8 @@ def _prompts(body: dict[str, Any], name: str, c: Counting) -> list[PromptUnit]:
 
 def _responses(body: dict[str, Any], c: Counting) -> PromptUnit:
     unit = PromptUnit(overhead=c.per_request, templated=True)
+    items = body.get("input")
+    unit.items = ChatInput(items if isinstance(items, list) else [items], body)
     instructions = body.get("instructions")
     if instructions is not None:
         unit.overhead += c.per_message

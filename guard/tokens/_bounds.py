@@ -45,29 +45,6 @@ WHITE_SPACE_STR = (
 WHITE_SPACE = frozenset(WHITE_SPACE_STR)
 
 
-def sanitize(text: str) -> str:
-    """Make ``text`` encodable as UTF-8 the way tiktoken does.
-
-    Surrogate pairs are joined and lone surrogates become U+FFFD, exactly as
-    ``tiktoken.Encoding.encode_ordinary`` does before tokenizing, so counts agree with it. The
-    replacement is local to each surrogate, so sanitizing pieces split anywhere except between
-    the two halves of a pair gives the same result as sanitizing the whole.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
-
-
-def utf8_bytes(text: str) -> bytes:
-    """The UTF-8 bytes of ``sanitize(text)``."""
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return sanitize(text).encode("utf-8")
-
-
 _ASCII_WHITESPACE = frozenset(b" \t\n\x0b\x0c\r")
 
 # Bytes whose M is within this ratio share a tier; at most this many tiers (one counting pass

@@ -30,7 +30,7 @@ from typing import Literal
 
 from guard.errors import LimitExceeded
 from guard.tokens._backends import Backend, HFBackend, load_tiktoken
-from guard.tokens._bounds import ByteWeights, sanitize, utf8_bytes
+from guard.tokens._bounds import ByteWeights
 from guard.tokens._chunked import ChunkedCounter
 from guard.tokens._pretokenize import classify
 
@@ -42,7 +42,33 @@ __all__ = [
     "TokenStats",
     "check_prompt_tokens",
     "get_counter",
+    "sanitize",
+    "utf8_bytes",
 ]
+
+
+def sanitize(text: str) -> str:
+    """Make ``text`` encodable as UTF-8 the way tiktoken does.
+
+    Surrogate pairs are joined and lone surrogates become U+FFFD, exactly as
+    ``tiktoken.Encoding.encode_ordinary`` does before tokenizing, so counts agree with it. The
+    replacement is local to each surrogate, so sanitizing pieces split anywhere except between
+    the two halves of a pair gives the same result as sanitizing the whole.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def utf8_bytes(text: str) -> bytes:
+    """The UTF-8 bytes of ``sanitize(text)``."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return sanitize(text).encode("utf-8")
+
 
 DecidedBy = Literal["upper_bound", "lower_bound", "tokenized"]
 
@@ -133,7 +159,8 @@ class BPETokenCounter(TokenCounter):
             # Every character is at least one byte (a lone surrogate becomes 3).
             bound = -(-n // self.max_token_bytes)
             return TokenStats(bound, False, False, "lower_bound", limit, n, None, 0)
-        return self.measure_bytes(utf8_bytes(text), limit, exact=exact, chars=n)
+        data = utf8_bytes(text)
+        return self.measure_bytes(data, limit, exact=exact, chars=n)
 
     def measure_bytes(
         self, data: bytes, limit: int | None, *, exact: bool = False, chars: int | None = None

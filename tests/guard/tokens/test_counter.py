@@ -23,8 +23,9 @@ from guard.tokens import (
     get_counter,
 )
 from guard.tokens._backends import Backend, HFBackend, TiktokenBackend
-from guard.tokens._bounds import WHITE_SPACE, ByteWeights, sanitize
+from guard.tokens._bounds import WHITE_SPACE, ByteWeights
 from guard.tokens._bpe_blocks import PieceBlocks
+from guard.tokens._counter import sanitize
 from guard.tokens._pretokenize import (
     CL100K_PATTERN,
     CL100K_PATTERN_OLD,
