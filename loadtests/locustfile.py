@@ -20,6 +20,14 @@ attack requests follows the share of attacking users (``--attack-share`` of ``-u
 (:mod:`loadtests.slo`) prints its table, writes ``--slo-json`` and sets the exit code: 0 when
 every check passes, 1 otherwise. Works with ``--master`` / ``--worker`` unchanged: the gate,
 the shape and the resource monitor run on the master, the users on the workers.
+
+``--scenario guided-compile`` runs issue 23's phase instead (:mod:`loadtests.guided`): one
+``GuidedAppUser`` (the benign key) warming up to ``--guided-schemas`` distinct benign
+structured-output schemas then repeating them (``BENIGN`` rows named by phase, gated like the
+other benign requests), and one ``GuidedFloodUser`` (the attack key) sending a schema it never
+sent before ``--guided-flood-rps`` times a second from ``--guided-flood-after-s`` on
+(``GUIDED_FLOOD`` rows: a failure is a 5xx or no answer, a refusal is expected). The gate then
+prints the per-tenant table and writes ``--guided-json``.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadtests import dashboard, slo
+from loadtests import dashboard, guided, slo
 from loadtests import timeline as tl
 from loadtests.httpclient import KeepAlive, Response, send_raw
 from loadtests.monitor import Monitor
@@ -119,6 +127,39 @@ def _arguments(parser: LocustArgumentParser) -> None:
         help="reference profile behind the target: look-alikes it does not serve are skipped",
     )
     g.add_argument("--seed", type=int, default=0, help="seed of prompts and attack order")
+
+    c = parser.add_argument_group("schedguard guided compile phase (--scenario guided-compile)")
+    c.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="mixed",
+        help="mixed: benign users and attackers (the default); guided-compile: issue 23's "
+        "phase, one tenant warming benign schemas, another flooding unique ones (-u is ignored)",
+    )
+    c.add_argument(
+        "--guided-schemas",
+        type=int,
+        default=50,
+        help="distinct benign schemas the app tenant warms then repeats (at most the corpus's)",
+    )
+    c.add_argument(
+        "--guided-app-rps", type=float, default=5.0, help="app tenant's requests per second"
+    )
+    c.add_argument(
+        "--guided-flood-rps",
+        type=float,
+        default=20.0,
+        help="flood tenant's unique-schema requests per second",
+    )
+    c.add_argument(
+        "--guided-flood-after-s",
+        type=float,
+        default=20.0,
+        help="seconds into the run the flood starts (after the app's warm-up)",
+    )
+    c.add_argument(
+        "--guided-json", default="", help="write the per-tenant figures of the phase here"
+    )
 
     m = parser.add_argument_group("schedguard monitor")
     m.add_argument("--guard-url", default="", help="guard base URL for /metrics")
@@ -382,6 +423,139 @@ class AttackUser(User):
         _fire(self, "ATTACK", replay.class_, elapsed, 0, failure)
 
 
+# ------------------------------------------------------------------------------ guided compile
+
+SCENARIOS = ("mixed", "guided-compile")
+_guided_t0: list[float] = []  # when this process's first guided user started
+_guided_schemas: list[guided.BenignSchema] | None = None
+
+
+def _guided_start() -> float:
+    if not _guided_t0:
+        _guided_t0.append(time.time())
+    return _guided_t0[0]
+
+
+def _benign_schemas(limit: int) -> list[guided.BenignSchema]:
+    global _guided_schemas
+    if _guided_schemas is None:
+        _guided_schemas = guided.benign_schemas(limit)
+    return _guided_schemas
+
+
+class GuidedAppUser(User):
+    """The app tenant: each benign schema once (warm), then the same ones again, round robin."""
+
+    weight = 1
+
+    def on_start(self) -> None:
+        opts = _options(self.environment)
+        self.t0 = _guided_start()
+        self.flood_at = self.t0 + float(opts.guided_flood_after_s)
+        self.schemas = _benign_schemas(int(opts.guided_schemas))
+        self.sent = 0
+        self.conn = KeepAlive(self.host or "", opts.request_timeout_s)
+        self.pace = constant_throughput(opts.guided_app_rps)
+        self.auth = ("authorization", f"Bearer {opts.benign_key}")
+
+    def wait_time(self) -> float:
+        return self.pace(self)
+
+    def on_stop(self) -> None:
+        self.conn.close()
+
+    @task
+    def request(self) -> None:
+        if not self.schemas:
+            return
+        schema = self.schemas[self.sent % len(self.schemas)]
+        name = guided.phase_of(self.sent >= len(self.schemas), time.time() >= self.flood_at)
+        self.sent += 1
+        headers = [*schema.headers, self.auth]
+        if schema.stream:
+            res = self.conn.stream("POST", schema.path, schema.body, headers)
+            resp = Response(res.status, res.body, res.error)
+            failure = _benign_failure(resp) or res.error
+        else:
+            resp = self.conn.request("POST", schema.path, schema.body, headers)
+            failure = _benign_failure(resp)
+        _tally[guided.tally_key(guided.APP, resp.status, resp.code, resp.error)] += 1
+        _fire(self, "BENIGN", name, resp.elapsed_s, len(resp.body), failure)
+
+
+class GuidedFloodUser(User):
+    """The flood tenant: from ``--guided-flood-after-s`` on, a schema never sent before
+    ``--guided-flood-rps`` times a second, each on a connection of its own, not waiting for
+    the answers (at most 64 in flight)."""
+
+    weight = 1
+
+    def on_start(self) -> None:
+        opts = _options(self.environment)
+        self.opts = opts
+        self.start_at = _guided_start() + float(opts.guided_flood_after_s)
+        self.pace = constant_throughput(opts.guided_flood_rps)
+        self.pool = gevent.pool.Pool(64)
+        self.nonce = f"{_process_seed(self.environment)}x{random.getrandbits(32):08x}"
+        self.n = 0
+        self.auth = ("authorization", f"Bearer {opts.attack_key}")
+
+    def wait_time(self) -> float:
+        ahead = self.start_at - time.time()
+        return ahead if ahead > 0 else self.pace(self)
+
+    def on_stop(self) -> None:
+        self.pool.join(timeout=self.opts.attack_timeout_s)
+
+    @task
+    def flood(self) -> None:
+        if time.time() < self.start_at:
+            return
+        body = guided.unique_body(self.n, self.nonce)
+        self.n += 1
+        self.pool.spawn(self._send, body)
+
+    def _send(self, body: bytes) -> None:
+        headers = [("content-type", "application/json"), self.auth]
+        resp = send_raw(
+            self.host or "",
+            "POST",
+            "/v1/chat/completions",
+            headers,
+            body,
+            timeout_s=self.opts.attack_timeout_s,
+        )
+        _tally[guided.tally_key(guided.FLOOD, resp.status, resp.code, resp.error)] += 1
+        failure = None
+        if resp.status == 0 or resp.status >= 500:
+            failure = f"HTTP {resp.status} {resp.code or ''}".strip() if resp.status else resp.error
+        _fire(self, "GUIDED_FLOOD", "unique schema", resp.elapsed_s, len(resp.body), failure)
+
+
+def _guided_summary(environment: Environment) -> dict[str, Any]:
+    assert environment.runner is not None
+    opts = _options(environment)
+    entries = environment.runner.stats.entries
+    latency: dict[str, tuple[int, float | None, float | None]] = {}
+    for phase in guided.PHASES:
+        entry = entries.get((phase, "BENIGN"))
+        if entry is None or not entry.num_requests:
+            latency[phase] = (0, None, None)
+            continue
+        latency[phase] = (
+            entry.num_requests,
+            float(entry.get_response_time_percentile(0.5)),
+            float(entry.get_response_time_percentile(0.99)),
+        )
+    return guided.summarize(
+        _tally,
+        latency,
+        schemas=len(_benign_schemas(int(opts.guided_schemas))),
+        flood_after_s=float(opts.guided_flood_after_s),
+        flood_rps=float(opts.guided_flood_rps),
+    )
+
+
 _CLASSES: dict[str, type[User]] = {BENIGN: BenignUser, ATTACK: AttackUser}
 
 
@@ -392,8 +566,16 @@ class ScenarioShape(LoadTestShape):
 
     def tick(self) -> tuple[int, float] | tuple[int, float, list[type[User]] | None] | None:
         assert self.runner is not None
+        opts = _options(self.runner.environment)
+        elapsed = time.perf_counter() - float(self.start_time)
+        if opts.scenario == "guided-compile":
+            # one app user and one flood user for -t seconds (-u is ignored)
+            run_time = getattr(opts, "run_time", None)
+            if run_time and elapsed > float(run_time):
+                return None
+            return 2, 2.0, [GuidedAppUser, GuidedFloodUser]
         spec = _shape_spec(self.runner.environment)
-        now = tick(spec, time.perf_counter() - float(self.start_time))
+        now = tick(spec, elapsed)
         if now is None:
             return None
         classes = [_CLASSES[c] for c in now.classes] if now.classes else None
@@ -425,7 +607,12 @@ def _on_init(environment: Environment, **_: Any) -> None:
     gevent.spawn(_sample_forever, environment, _monitor)
 
 
-_USER_CLASSES = {"BenignUser": BENIGN, "AttackUser": ATTACK}
+_USER_CLASSES = {
+    "BenignUser": BENIGN,
+    "AttackUser": ATTACK,
+    "GuidedAppUser": BENIGN,
+    "GuidedFloodUser": ATTACK,
+}
 
 
 def _users_by_class(environment: Environment) -> dict[str, int]:
@@ -591,6 +778,11 @@ def _gate(environment: Environment, **_: Any) -> None:
     opts = _options(environment)
     report = slo.evaluate(data, _thresholds(opts))
     print("\n" + slo.render_table(report), flush=True)
+    if opts.scenario == "guided-compile":
+        summary = _guided_summary(environment)
+        print("\n" + guided.render(summary), flush=True)
+        if opts.guided_json:
+            guided.write(opts.guided_json, summary)
     if opts.slo_json:
         report.write_json(opts.slo_json)
     if opts.timeline_json:

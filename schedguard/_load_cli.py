@@ -10,7 +10,10 @@ share, rejections by code and memory over time) to ``--out``; prints the SLO tab
 every SLO holds, 1 when one fails, 2 when the run could not happen. ``--no-guard`` sends the
 same traffic straight at the upstream, for the contrast; ``--compare DIR`` puts such a run's
 results beside this one's in ``report.html``; ``--report-only`` rewrites ``report.html`` from
-``--out`` without running.
+``--out`` without running. ``--scenario guided-compile`` runs issue 23's guided compile budget
+phase instead (``loadtests/guided_policy.yaml``, :mod:`loadtests.guided`): one tenant warming
+benign schemas then repeating them, another flooding unique ones; its per-tenant figures go to
+``guided.json`` and are printed under the SLO table.
 
 ``python -m schedguard._load_cli upstream ...`` is the upstream it starts: ``schedguard ref``
 plus the cost model (the engine sleeps the simulated step time, as a GPU would take it).
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedguard._argtypes import fraction, positive_float, positive_int
+from schedguard._argtypes import fraction, non_negative_float, positive_float, positive_int
 
 __all__ = ["COSTS", "add_parser", "locust_argv", "run", "split_users", "upstream_main"]
 
@@ -89,6 +92,26 @@ def _add_traffic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user-rps", type=positive_float, default=0.5, help="requests/s per user")
     p.add_argument("--processes", type=int, default=0, help="locust worker processes (0: one)")
     p.add_argument(
+        "--scenario",
+        choices=("mixed", "guided-compile"),
+        default="mixed",
+        help="mixed: benign users and attackers; guided-compile: one tenant warming benign "
+        "structured-output schemas then repeating them, another sending unique schemas "
+        "(--users and --attack-share ignored; loadtests/guided_policy.yaml by default)",
+    )
+    p.add_argument(
+        "--flood-rps",
+        type=positive_float,
+        default=20.0,
+        help="with --scenario guided-compile: the flood tenant's unique schemas per second",
+    )
+    p.add_argument(
+        "--flood-after",
+        type=non_negative_float,
+        default=20.0,
+        help="with --scenario guided-compile: seconds into the run the flood starts",
+    )
+    p.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -108,7 +131,10 @@ def _add_servers(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-guard", action="store_true", help="send the traffic straight at the upstream"
     )
-    p.add_argument("--policy", help="guard policy file; without it loadtests/policy.yaml")
+    p.add_argument(
+        "--policy",
+        help="guard policy file; without it loadtests/policy.yaml (guided_policy.yaml with --scenario guided-compile)",
+    )
     p.add_argument(
         "--upstream-cost",
         choices=sorted(COSTS),
@@ -183,7 +209,8 @@ def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> l
     """The locust command line for ``args`` against ``target``."""
     import loadtests
 
-    benign, attackers = split_users(args.users, args.attack_share)
+    guided = args.scenario == "guided-compile"
+    benign, attackers = (1, 1) if guided else split_users(args.users, args.attack_share)
     total = benign + attackers
     cmd = [
         sys.executable,
@@ -223,6 +250,17 @@ def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> l
         "--timeline-json",
         str(out / "timeline.json"),
     ]
+    if guided:
+        cmd += [
+            "--scenario",
+            args.scenario,
+            "--guided-flood-rps",
+            repr(args.flood_rps),
+            "--guided-flood-after-s",
+            repr(args.flood_after),
+            "--guided-json",
+            str(out / "guided.json"),
+        ]
     if args.ui:
         cmd += ["--autostart", "--web-host", "127.0.0.1", "--web-port", str(args.web_port)]
         if args.ui_linger >= 0:
@@ -290,7 +328,14 @@ def run(args: argparse.Namespace) -> int:
     from schedguard.servers import RunningServer, ServerStartError
 
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("slo.json", "report.json", "timeline.json", "report.html", "locust_report.html"):
+    for stale in (
+        "slo.json",
+        "report.json",
+        "timeline.json",
+        "report.html",
+        "locust_report.html",
+        "guided.json",
+    ):
         with contextlib.suppress(FileNotFoundError):
             (out / stale).unlink()
     servers: list[RunningServer] = []
@@ -357,7 +402,8 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> LoadEndpoint
         return LoadEndpoints(upstream.url, None, upstream.url, None, upstream.proc.pid)
     import loadtests
 
-    policy = args.policy or str(Path(loadtests.__file__).with_name("policy.yaml"))
+    default = "guided_policy.yaml" if args.scenario == "guided-compile" else "policy.yaml"
+    policy = args.policy or str(Path(loadtests.__file__).with_name(default))
     guard_spec = ServerSpec(
         "guard",
         lambda p, h: schedguard_argv(
@@ -464,6 +510,10 @@ def _finish(args: argparse.Namespace, out: Path, servers: Sequence[Any], code: i
             "log": str(out / "locust.log"),
         },
     }
+    guided_path = out / "guided.json"
+    if args.scenario == "guided-compile" and guided_path.exists():
+        full["guided"] = json.loads(guided_path.read_text())
+        full["files"]["guided"] = str(guided_path)
     (out / "report.json").write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
     try:
         write_report(out, args.compare)
@@ -473,6 +523,10 @@ def _finish(args: argparse.Namespace, out: Path, servers: Sequence[Any], code: i
         sys.stdout.write(json.dumps(full, indent=2, sort_keys=True) + "\n")
     else:
         print(render_table(report))
+        if "guided" in full:
+            from loadtests.guided import render
+
+            print("\n" + render(full["guided"]) + "\n")
         for name, s in servers_info.items():
             print(f"{name}: {s['url']} pid {s['pid']}, peak RSS {s['peak_rss_mb']} MB, {s['exit']}")
         print(
