@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from loadtests import guided
+from schedguard import _load_cli
+from schedguard.cli import build_parser
 from schedguard.servers import schedguard_argv
 
 
@@ -58,6 +60,18 @@ def test_summary_counts_by_tenant_and_code() -> None:
     table = guided.render(s)
     assert "| flood | 10 | 3 | 429 guided_compile_budget_exhausted: 5, " in table
     assert guided.DURING in table
+
+
+def test_the_scenario_runs_two_users_and_names_its_report() -> None:
+    args = build_parser().parse_args(
+        ["load", "--scenario", "guided-compile", "--users", "9", "--flood-rps", "7"]
+    )
+    target = _load_cli.LoadEndpoints("http://g", "http://g", "http://u", 11, 22)
+    cmd = _load_cli.locust_argv(args, target, Path("out"))
+    joined = " ".join(cmd)
+    assert "-u 2" in joined and "--scenario guided-compile" in joined
+    assert cmd[cmd.index("--guided-flood-rps") + 1] == repr(7.0)
+    assert cmd[cmd.index("--guided-json") + 1] == str(Path("out") / "guided.json")
 
 
 @pytest.mark.skipif(
