@@ -195,18 +195,18 @@ class GuidedLimits:
         "`guided_compile_budget_exhausted`). Per replica: divide by the guard's replicas.",
     )
     compile_queue_s: PosFloat = Field(
-        default=30.0,
+        default=60.0,
         description="Seconds of cold-compile work the upstream's pool may have ahead of it "
-        "(`upstream_compile_workers` x this many CPU-seconds at once): an application "
-        "warming its schemas is queued there, as vLLM queues it; a flood of new constraints "
-        "is refused beyond it.",
+        "(`upstream_compile_workers` x this many CPU-seconds at once; one key's half, 120 s "
+        "by default, is a tenant's whole compile burst): an application warming its schemas "
+        "is queued there, as vLLM queues it; a flood of new constraints is refused beyond it.",
     )
     max_cold_compiles_per_s: PosFloat = Field(
-        default=10.0,
+        default=50.0,
         description="Cold compiles admitted per second over all tenants (a bucket of five "
-        "seconds' worth: an application warming 50 schemas at once passes), so a flood of "
-        "unique constraints cannot churn the upstream's grammar cache; beyond it 503 "
-        "`guided_compile_pool_busy`. Per replica.",
+        "seconds' worth: a suite of 250 distinct schemas replayed at once passes; the benign "
+        "corpus has ~60), so a flood of unique constraints, however cheap each, cannot churn "
+        "the upstream's grammar cache; beyond it 503 `guided_compile_pool_busy`. Per replica.",
     )
     upstream_grammar_cache_mb: PosFloat = Field(
         default=512.0,
