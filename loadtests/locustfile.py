@@ -623,7 +623,13 @@ def _users_by_class(environment: Environment) -> dict[str, int]:
         counts = dict(runner.reported_user_classes_count)
     else:
         counts = dict(runner.user_classes_count)
-    return {_USER_CLASSES.get(k, k): v for k, v in counts.items()}
+    # Two classes run as each kind (the mixed run's and the guided phase's): summed, not
+    # overwritten by whichever is listed last (with 0 users).
+    by_kind: dict[str, int] = {}
+    for name, count in counts.items():
+        kind = _USER_CLASSES.get(name, name)
+        by_kind[kind] = by_kind.get(kind, 0) + count
+    return by_kind
 
 
 def _sample_forever(environment: Environment, monitor: Monitor) -> None:
