@@ -274,3 +274,25 @@ async def serve(app: ASGIApp, **config: Any) -> AsyncIterator[str]:
         server.should_exit = True
         await task
         sock.close()
+
+
+async def admit_and_reserve(
+    gw: Any, key: str, raw: bytes, path: str = "/v1/chat/completions"
+) -> tuple[int, str | None]:
+    """One request through ``gw``'s admission as the proxy drives it (open, judge, prepare,
+    reserve), the reservation released at once: ``(200, None)``, or the refusal's status and
+    code."""
+    from guard.errors import GuardError
+
+    ex = gw.exchange(path, "POST")
+    opened = gw.open(ex, [(b"authorization", f"Bearer {key}".encode())])
+    admission = gw.judge(ex, opened, raw)
+    if admission.verdict.rejection is not None:
+        return admission.verdict.status, admission.verdict.code
+    forward = gw.prepare(ex, admission)
+    try:
+        reservation = await gw.reserve(ex, admission, forward.tokens)
+    except GuardError as err:
+        return err.status, err.code
+    await gw.limiter.release(reservation)
+    return 200, None

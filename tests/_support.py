@@ -17,6 +17,7 @@ from guard.isolation import is_multiprocessing_helper
 __all__ = [
     "REPO_ROOT",
     "TESTS_DIR",
+    "FakeClock",
     "bytecodes",
     "free_port",
     "live_descendants",
@@ -27,6 +28,19 @@ T = TypeVar("T")
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
+
+
+class FakeClock:
+    """A clock the test moves by hand: ``clock()`` reads it, ``advance`` moves it on."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def free_port(host: str = "127.0.0.1") -> int:

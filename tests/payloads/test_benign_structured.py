@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from guard.admission import BUDGET_EXHAUSTED, CompileBudget
-from guard.errors import GuardError
 from guard.gateway import build_gateway
 from guard.pipeline import evaluate_body
 from guard.policy import policy_from_yaml
 from payloads import load_payload
 from payloads.loader import Payload
+from tests._guard_harness import admit_and_reserve
 from tests._support import REPO_ROOT
 
 STRUCTURED = sorted((REPO_ROOT / "payloads" / "public" / "structured").glob("*.yaml"))
@@ -90,21 +89,6 @@ keys:
 """
 
 
-async def _send(gw: Any, key: str, raw: bytes) -> tuple[int, str | None]:
-    ex = gw.exchange("/v1/chat/completions", "POST")
-    opened = gw.open(ex, [(b"authorization", f"Bearer {key}".encode())])
-    admission = gw.judge(ex, opened, raw)
-    if admission.verdict.rejection is not None:
-        return admission.verdict.status, admission.verdict.code
-    forward = gw.prepare(ex, admission)
-    try:
-        reservation = await gw.reserve(ex, admission, forward.tokens)
-    except GuardError as err:
-        return err.status, err.code
-    await gw.limiter.release(reservation)
-    return 200, None
-
-
 def _unique(i: int) -> bytes:
     # a person with a 100-character name and a field of its own: ~2.6 s at 100k, every one new
     schema = {
@@ -128,16 +112,16 @@ async def test_a_warmed_application_is_unaffected_by_a_unique_schema_flood() -> 
     bodies = [p.body_bytes() for p in CORPUS]
     # the application warms its schemas, two a second: all admitted, each charged once
     for raw in bodies:
-        assert await _send(gw, app, raw) == (200, None)
+        assert await admit_and_reserve(gw, app, raw) == (200, None)
         now[0] += 0.5
     warmed = gw.compile_budget.metrics.cold
     assert warmed >= 30
     # then it repeats them while the other key sends unique schemas at 20 a second (10 s)
     flood_answers = []
     for i in range(200):
-        flood_answers.append(await _send(gw, flood, _unique(i)))
+        flood_answers.append(await admit_and_reserve(gw, flood, _unique(i)))
         if i % 10 == 0:
-            assert await _send(gw, app, bodies[(i // 10) % len(bodies)]) == (200, None)
+            assert await admit_and_reserve(gw, app, bodies[(i // 10) % len(bodies)]) == (200, None)
         now[0] += 0.05
     admitted = flood_answers.count((200, None))
     # the flood: at ~2.6 s each, at most its own bucket (120 s, refilled at 1 s a second) and

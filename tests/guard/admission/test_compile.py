@@ -6,6 +6,7 @@ Decisions only (codes, charges, counts, retry-after); time is a fake clock, noth
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -22,21 +23,12 @@ from guard.admission import (
 )
 from guard.errors import GuardError, Overloaded, RateLimited
 from guard.guided import Compile, compile_key, grammar_mb
+from tests._guard_harness import admit_and_reserve
+from tests._support import FakeClock
 
 CAPS = CompileCaps(workers=8, queue_s=10.0, per_s=100.0, cache_mb=512.0)
 # 10 s at once, 6 s a minute (0.1 s a second)
 SMALL = RateLimits(guided_compile_burst_s=10.0, guided_compile_s_per_minute=6.0)
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture
@@ -307,20 +299,7 @@ def _person(i: int) -> dict[str, Any]:
 
 
 async def _send(gw: Any, key: str, body: dict[str, Any]) -> tuple[int, str | None]:
-    import json
-
-    ex = gw.exchange("/v1/chat/completions", "POST")
-    opened = gw.open(ex, [(b"authorization", f"Bearer {key}".encode())])
-    admission = gw.judge(ex, opened, json.dumps(body).encode())
-    if admission.verdict.rejection is not None:
-        return admission.verdict.status, admission.verdict.code
-    forward = gw.prepare(ex, admission)
-    try:
-        reservation = await gw.reserve(ex, admission, forward.tokens)
-    except GuardError as err:
-        return err.status, err.code
-    await gw.limiter.release(reservation)
-    return 200, None
+    return await admit_and_reserve(gw, key, json.dumps(body).encode())
 
 
 async def test_the_gateway_charges_cold_constraints_per_tenant(clock: FakeClock) -> None:

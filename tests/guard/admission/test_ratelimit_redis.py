@@ -25,14 +25,7 @@ from guard.admission import (
 )
 from guard.errors import GuardError, LimitExceeded, Overloaded, RateLimited
 from tests._redis_server import RedisServer, require_binary
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests._support import FakeClock
 
 
 @pytest.fixture(scope="module")
