@@ -126,10 +126,12 @@ def error_signature(message: str) -> str:
 def extract_usage(reply: Reply) -> dict[str, int] | None:
     """``usage`` of a JSON answer, or of the last SSE event that has one."""
     doc = reply.json()
-    if isinstance(doc, dict):
-        return _usage(doc)
+    return _usage(doc) if isinstance(doc, dict) else _stream_usage(reply.body)
+
+
+def _stream_usage(body: bytes) -> dict[str, int] | None:
     usage: dict[str, int] | None = None
-    for line in reply.body.split(b"\n"):
+    for line in body.split(b"\n"):
         line = line.strip()
         if not line.startswith(b"data:") or b'"usage"' not in line:
             continue
@@ -145,11 +147,13 @@ def extract_usage(reply: Reply) -> dict[str, int] | None:
 def output_tokens(reply: Reply) -> int:
     """The output tokens of an answer: its ``usage.completion_tokens``, else, for a stream
     without usage (llama-cpp-python sends none), its events (each carries a token or more)."""
-    usage = extract_usage(reply)
+    doc = reply.json()  # parsed once: the oracle asks this of every admitted answer
+    if doc is not None:
+        usage = _usage(doc) if isinstance(doc, dict) else None
+        return (usage or {}).get("completion_tokens", 0)
+    usage = _stream_usage(reply.body)
     if usage is not None and "completion_tokens" in usage:
         return usage["completion_tokens"]
-    if reply.json() is not None:
-        return 0
     return sum(
         1
         for line in reply.body.split(b"\n")

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from math import isqrt
 from typing import Any
 
+from guard.checks._output import window_left
 from guard.errors import LimitExceeded
 from guard.request import Endpoint, lax_bool
 
@@ -104,10 +105,7 @@ def check_llama_cpp_logprob_work(
     if not logprob_positions_asked(body, endpoint):
         return 0
     prompts = list(per_unit) if endpoint == "completions" else [sum(per_unit)]
-    if output is None:
-        generated = [0 if window is None else max(0, window - used) for used in prompts]
-    else:
-        generated = [output] * len(prompts)
+    generated = window_left(prompts, window) if output is None else [output] * len(prompts)
     echoed = prompts if echoes_prompt(body, endpoint) else ()
     total = 0
     for i, made in enumerate(generated):

@@ -27,7 +27,14 @@ from guard.request import (
     sequences_per_prompt,
 )
 
-__all__ = ["OutputCap", "clamped_to_window", "effective_output", "output_cap", "window_remainder"]
+__all__ = [
+    "OutputCap",
+    "clamped_to_window",
+    "effective_output",
+    "output_cap",
+    "window_left",
+    "window_remainder",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +131,19 @@ def clamped_to_window(
     return OutputCap(left, per_prompt=output.per_prompt)
 
 
+def window_left(prompts: list[int], context_length: int | None) -> list[int]:
+    """What the window leaves beside each prompt for an output without a cap (0 each when no
+    window is known)."""
+    if context_length is None:
+        return [0] * len(prompts)
+    return [max(0, context_length - used) for used in prompts]
+
+
 def window_remainder(
     per_unit: list[int], prompts: int, per_prompt: int, context_length: int | None
 ) -> int:
     """The output a request without a cap may generate: what the window leaves after each
     prompt, per sequence (0 when no window is known: the limiter settles from ``usage``)."""
-    if context_length is None:
-        return 0
-    if len(per_unit) == prompts:
-        return per_prompt * sum(max(0, context_length - used) for used in per_unit)
-    # One conversation counted as a whole (chat): one prompt.
-    return per_prompt * max(0, context_length - sum(per_unit))
+    # One conversation counted as a whole (chat) is one prompt.
+    units = per_unit if len(per_unit) == prompts else [sum(per_unit)]
+    return per_prompt * sum(window_left(units, context_length))

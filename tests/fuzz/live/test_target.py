@@ -64,4 +64,4 @@ def test_inputs_and_payload_bodies_round_trip() -> None:
 def test_execute_sends_one_request_and_returns_its_cost(fake: Fake) -> None:
     target = _target(fake.url)
     cost = target.execute(LiveRequest(CHAT, HELLO).to_input())
-    assert cost.time_s > 0 and cost.steps > 0  # steps: the server's usage.prompt_tokens
+    assert cost.steps > 0  # steps: the server's usage.prompt_tokens
