@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 import tracemalloc
@@ -41,6 +42,16 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+async def until(condition: Callable[[], object], steps: int = 1000) -> None:
+    """Step the event loop (``asyncio.sleep(0)``) until ``condition()`` holds; fail after
+    ``steps`` steps rather than hang."""
+    for _ in range(steps):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never became true")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -13,15 +13,7 @@ import pytest
 
 from guard.admission import ConcurrencyLimiter, ConcurrencyLimits, ConcurrencyMetrics
 from guard.errors import GuardError, Overloaded, RateLimited
-
-
-async def until(condition: object) -> None:
-    assert callable(condition)
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never became true")
+from tests._support import until
 
 
 class Holder:
@@ -56,7 +48,7 @@ def assert_idle(limiter: ConcurrencyLimiter) -> None:
     assert limiter.tracked_keys() == 0
     if limiter._global is not None:
         assert limiter._global.active == 0
-        assert not limiter._global.waiters
+        assert not limiter._global.queued
 
 
 def per_key(n: int, queued: int = 0) -> ConcurrencyLimits:
@@ -264,7 +256,7 @@ async def test_one_tenant_cannot_fill_the_global_queue() -> None:
     flood = [Holder(limiter, "flood") for _ in range(5)]
     await until(lambda: limiter.waiting == 5)
     assert limiter._global is not None
-    assert len(limiter._global.waiters) == 1  # the rest wait in the key's own queue
+    assert limiter._global.queued == 1  # the rest wait in the key's own queue
     polite = Holder(limiter, "polite")  # still finds room in the global queue
     await until(lambda: limiter.waiting == 6)
     holder.done.set()
@@ -300,6 +292,7 @@ async def test_listener_sees_waits_and_refusals() -> None:
                 pass
     assert [(name, tenant) for name, tenant, _ in events] == [
         ("admitted", "a"),
+        ("work", "a"),
         ("queue_full", "a"),
     ]
     assert metrics.snapshot()["admitted"] == 1
