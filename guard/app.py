@@ -61,8 +61,9 @@ from guard.http import (
     Upstream,
 )
 from guard.policy import Policy
-from guard.proxy import AsgiProxy, admit
+from guard.proxy import AsgiProxy, admit, peer_of
 from guard.telemetry import CONTENT_TYPE, AccessLog
+from guard.upstream_capacity import UpstreamCapacity
 
 __all__ = ["GUARD_PATHS", "create_app"]
 
@@ -90,7 +91,7 @@ def create_app(
     ``concurrency`` to the policy's per-key and global limits. ``tracer_provider`` forces
     OpenTelemetry spans on (tests); otherwise they follow the ``OTEL_*`` environment.
     ``client_timeout_s``: a client that stops reading a response for this long is cut (default:
-    ``upstream.read_timeout_s``). ``metrics_dir``: the directory the worker processes of one
+    ``limits.connections.send_timeout_s``). ``metrics_dir``: the directory the worker processes of one
     server share, so that ``/metrics`` answers for all of them (``--workers N``).
     """
     up = replace(policy.upstream, url=upstream_url) if upstream_url else policy.upstream
@@ -104,7 +105,7 @@ def create_app(
         concurrency=concurrency,
         tracer_provider=tracer_provider,
         access_log=access_log,
-        client_timeout_s=client_timeout_s or up.read_timeout_s,
+        client_timeout_s=client_timeout_s,
         metrics_dir=metrics_dir,
     )
     app = _new_app(gateway, upstream)
@@ -122,6 +123,7 @@ def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
     limiter."""
     metrics = gateway.metrics
     context = ContextWindow(gateway, upstream)
+    capacity = UpstreamCapacity(gateway, upstream)
 
     admin: AdminListener | None = None
     listen = gateway.policy.admin.listen_address
@@ -131,7 +133,7 @@ def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
             return JSONResponse({"status": "ok"})
 
         async def readyz() -> Response:
-            return await _readiness(gateway, upstream, context)
+            return await _readiness(gateway, upstream, context, capacity)
 
         async def prometheus() -> Response:
             return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -141,6 +143,7 @@ def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await context.start()  # the upstream's max_model_len, when it reports one
+        await capacity.start()  # after the kind is known
         if admin is not None:
             await admin.start()
         try:
@@ -149,6 +152,7 @@ def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
         finally:
             if admin is not None:
                 await admin.stop()
+            await capacity.stop()
             await context.stop()
             await upstream.aclose()
 
@@ -170,6 +174,7 @@ def _new_app(gateway: Gateway, upstream: Upstream) -> _GuardApp:
     app.state.gateway = gateway
     app.state.metrics = gateway.metrics
     app.state.context_window = context
+    app.state.capacity = capacity
     app.state.upstream = upstream
     _install_error_handlers(app)
     return app
@@ -185,7 +190,8 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/readyz", summary="The next request can be served (upstream, rate limiter)")
     async def readyz() -> JSONResponse:
-        return await _readiness(gateway, app.state.upstream, app.state.context_window)
+        state = app.state
+        return await _readiness(gateway, state.upstream, state.context_window, state.capacity)
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus(request: Request) -> Response:
@@ -203,12 +209,15 @@ def _add_own_routes(app: FastAPI, gateway: Gateway) -> None:
         return await _dry_run(gateway, request, path, app.state.context_window)
 
 
-async def _readiness(gateway: Gateway, upstream: Upstream, context: ContextWindow) -> JSONResponse:
+async def _readiness(
+    gateway: Gateway, upstream: Upstream, context: ContextWindow, capacity: UpstreamCapacity
+) -> JSONResponse:
     """``/readyz``: 200 when the next request can be served. The upstream's health check and,
     for Redis rate limits, a PING, at once. Redis not answering makes the guard unready only
     when the policy fails closed (every request would get 503 ``rate_limiter_unavailable``);
     failing open, requests are served without limits, so it stays ready and says so. A ready
-    upstream's context window is read again, and the answer says which one is in force."""
+    upstream's context window is read again, and the answer says which one is in force, and
+    the upstream's capacity in force (the guard's global slots) and where it came from."""
     limiter = gateway.limiter
     redis = limiter if isinstance(limiter, RedisRateLimiter) else None
     if redis is None:
@@ -227,7 +236,7 @@ async def _readiness(gateway: Gateway, upstream: Upstream, context: ContextWindo
     if err is not None:
         return JSONResponse(err.to_body(), status_code=503)
     await context.refresh()
-    body: dict[str, Any] = {"status": "ready", **context.describe()}
+    body: dict[str, Any] = {"status": "ready", **context.describe(), **capacity.describe()}
     if not redis_ok:
         body["rate_limiter"] = "failing_open"
     return JSONResponse(body)
@@ -242,7 +251,9 @@ async def _dry_run(
     the context window it was judged against and where that came from."""
     ex = gateway.exchange(path)
     try:
-        admission = await admit(gateway, ex, request.scope["headers"], request.receive)
+        admission = await admit(
+            gateway, ex, request.scope["headers"], request.receive, peer_of(request.scope)
+        )
     except ClientDisconnected:
         raise
     except GuardError as err:

@@ -56,6 +56,7 @@ class Opened:
     key: KeyEntry | None
     tenant: str
     takes_body: bool  # a POST route (checked); a GET takes no body
+    flow: str  # whose turn it is in the global queue: the tenant, or an anonymous address
 
 
 @dataclass(slots=True)
@@ -65,7 +66,7 @@ class Admission:
     ``verdict``: allowed, or refused for its framing (step ``framing``) or by a check;
     ``checked``: whether the checks ran (their timings are metrics); ``key`` and ``tenant``: the
     caller's entry (None: anonymous) and tenant; ``head`` and ``body``: the request as read,
-    when it was.
+    when it was; ``flow``: its place in the fair queue (the tenant, or an anonymous address).
     """
 
     verdict: Verdict
@@ -74,6 +75,7 @@ class Admission:
     tenant: str = ANONYMOUS_TENANT
     head: RequestHead | None = None
     body: bytes = b""
+    flow: str = ANONYMOUS_TENANT
 
 
 def check_outcomes(verdict: Verdict) -> tuple[tuple[str, str], ...]:

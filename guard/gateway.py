@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from guard.admission import (
+    ANONYMOUS_FLOW_PREFIX,
     CompileBudget,
     CompileCaps,
     ConcurrencyLimiter,
@@ -38,6 +39,7 @@ from guard.admission import (
     RedisRateLimiter,
     Reservation,
     Slot,
+    address_flow,
     make_rate_limiter,
 )
 from guard.answer import Answer, RelayArgs
@@ -201,8 +203,12 @@ class Gateway:
             start=time.perf_counter(),
         )
 
-    def open(self, ex: Exchange, headers: list[tuple[bytes, bytes]]) -> Opened | Admission:
-        """The head of a request: framing of the headers, route and method, API key.
+    def open(
+        self, ex: Exchange, headers: list[tuple[bytes, bytes]], peer: str | None = ""
+    ) -> Opened | Admission:
+        """The head of a request: framing of the headers, route and method, API key; ``peer``:
+        the connection's client address (``""``: unknown; None: a proxy in front that appends
+        it to ``rate.client_address_header``, as Envoy does).
 
         Returns the :class:`Opened` request (its body is read next, under the framing caps,
         and judged by :meth:`judge`) or, for a refusal of its framing, the refused
@@ -230,7 +236,18 @@ class Gateway:
         pairs = normalise_headers([(k, v) for k, v in headers if k.lower() in _VIEWED])
         key = resolve_key(pairs, self.policy)
         ex.tenant = tenant = key.tenant if key is not None else ANONYMOUS_TENANT
-        return Opened(head, pairs, key, tenant, expected == "POST")
+        flow = tenant if key is not None else self._address_flow(headers, peer)
+        return Opened(head, pairs, key, tenant, expected == "POST", flow)
+
+    def _address_flow(self, headers: list[tuple[bytes, bytes]], peer: str | None) -> str:
+        rate = self.policy.rate
+        name = rate.client_address_header.encode("latin-1")
+        forwarded = None
+        if peer is None or rate.proxies:
+            values = [v for k, v in headers if k.lower() == name]
+            if values:
+                forwarded = b",".join(values).decode("latin-1")
+        return address_flow(peer, forwarded, rate.proxies)
 
     def judge(self, ex: Exchange, opened: Opened, body: bytes) -> Admission:
         """The verdict on a request's body, read and decoded under the framing caps: the
@@ -245,12 +262,18 @@ class Gateway:
                 tenant=opened.tenant,
                 head=opened.head,
                 body=body,
+                flow=opened.flow,
             )
         if body:
             unexpected = GuardError("unexpected_body", f"GET {ex.route} takes no body")
             return framing_refused(ex, unexpected)
         return Admission(
-            _NOTHING_TO_CHECK, key=opened.key, tenant=opened.tenant, head=opened.head, body=body
+            _NOTHING_TO_CHECK,
+            key=opened.key,
+            tenant=opened.tenant,
+            head=opened.head,
+            body=body,
+            flow=opened.flow,
         )
 
     def judge_buffered(self, ex: Exchange, opened: Opened, raw: bytes) -> Admission:
@@ -329,11 +352,16 @@ class Gateway:
         self.metrics.overhead.observe(overhead)
         return reservation
 
-    def slot(self, admission: Admission) -> Slot:
+    def slot(self, admission: Admission, work: int) -> Slot:
         """The concurrency slot of the request's tenant (``async with``: a wait in the queue,
-        429 ``concurrency_limited`` or 503 ``server_busy``)."""
-        rate = self.policy.rate_for(admission.key)
-        return self.concurrency.slot(admission.tenant, rate.slot_limits)
+        429 ``concurrency_limited`` or 503 ``server_busy``); ``work``: the tokens it reserves,
+        its size in the fair queue."""
+        key = admission.key
+        rate = self.policy.rate_for(key)
+        limits = rate.slot_limits if key is not None else self.policy.rate.anonymous_slot_limits
+        return self.concurrency.slot(
+            admission.tenant, limits, flow=admission.flow, work=work, weight=rate.weight
+        )
 
     def queued(self, ex: Exchange, since: float) -> None:
         """The slot was taken (after waiting since ``since``)."""
@@ -491,7 +519,7 @@ def build_gateway(
         access_log=access_log or AccessLog(policy.observability.access_log),
         tracing=make_tracing(tracer_provider),
         count_tokens=_delta_counter(get_counter(policy.limits.tokens.tokenizer)),
-        client_timeout_s=client_timeout_s or policy.upstream.read_timeout_s,
+        client_timeout_s=client_timeout_s or policy.limits.connections.send_timeout_s,
         compile_budget=compile_budget,
     )
 
@@ -523,7 +551,18 @@ def _metrics(
             "waiting": slots.waiting,
         },
     )
+    slots.metrics.listener = metrics.slot_event
+    metrics.queued_by_tenant = functools.partial(_queued_by_tenant, slots)
     return metrics
+
+
+def _queued_by_tenant(slots: ConcurrencyLimiter) -> dict[str, int]:
+    """The global queue by tenant: anonymous callers' flows (one per address) together."""
+    out: dict[str, int] = {}
+    for flow, count in slots.queued_by_flow().items():
+        tenant = ANONYMOUS_TENANT if flow.startswith(ANONYMOUS_FLOW_PREFIX) else flow
+        out[tenant] = out.get(tenant, 0) + count
+    return out
 
 
 def _delta_counter(counter: TokenCounter) -> Callable[[str], int]:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from starlette.types import Message, Receive, Scope, Send
 
-from guard.admission import Reservation
+from guard.admission import Reservation, Slot
 from guard.answer import Answer
 from guard.errors import ClientDisconnected, ClientTooSlow, GuardError, InternalError
 from guard.exchange import Admission, Exchange
@@ -37,6 +37,8 @@ from guard.gateway import Forward, Gateway, framing_refused
 from guard.http import (
     DISCONNECT_EXTENSION,
     DisconnectHook,
+    Pipe,
+    ReadAheadBudget,
     UpstreamError,
     UpstreamResponse,
     read_body,
@@ -45,7 +47,7 @@ from guard.http import (
 from guard.routing import upstream_query
 from guard.telemetry import RequestSpan
 
-__all__ = ["AsgiProxy", "admit", "send_error"]
+__all__ = ["AsgiProxy", "admit", "peer_of", "send_error"]
 
 _log = logging.getLogger("schedguard.guard")
 
@@ -59,8 +61,18 @@ _ACCEL = b"x-accel-buffering"
 _JSON = (b"content-type", b"application/json")
 
 
+def peer_of(scope: Scope) -> str:
+    """The connection's client address (``""`` when the server does not say)."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
 async def admit(
-    gateway: Gateway, ex: Exchange, headers: list[tuple[bytes, bytes]], receive: Receive
+    gateway: Gateway,
+    ex: Exchange,
+    headers: list[tuple[bytes, bytes]],
+    receive: Receive,
+    peer: str = "",
 ) -> Admission:
     """The front half of a request over ASGI, proxied or dry run: :meth:`Gateway.open`, the
     body read from ``receive`` under the framing caps, :meth:`Gateway.judge`.
@@ -68,9 +80,9 @@ async def admit(
     Refusals of the caller (404 route, 405 method, 401 key) raise; refusals of the request
     (its framing, a check) are the verdict's, so that the dry run reports them as verdicts
     while the proxied path answers them as errors. A disconnect raises
-    :class:`~guard.errors.ClientDisconnected`.
+    :class:`~guard.errors.ClientDisconnected`. ``peer``: the connection's client address.
     """
-    opened = gateway.open(ex, headers)
+    opened = gateway.open(ex, headers, peer)
     if isinstance(opened, Admission):
         return opened
     t_read = time.perf_counter()
@@ -105,6 +117,9 @@ class AsgiProxy:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.metrics = gateway.metrics
+        connections = gateway.policy.limits.connections
+        self.read_ahead = connections.read_ahead_bytes
+        self.read_ahead_budget = ReadAheadBudget(connections.read_ahead_total_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not _heap_frozen:
@@ -181,7 +196,7 @@ class AsgiProxy:
         span: RequestSpan | None,
     ) -> None:
         gateway = self.gateway
-        admission = await admit(gateway, ex, scope["headers"], receive)
+        admission = await admit(gateway, ex, scope["headers"], receive, peer_of(scope))
         gateway.judged(ex, admission, span is not None)
         if admission.verdict.rejection is not None:
             raise admission.verdict.rejection
@@ -191,12 +206,12 @@ class AsgiProxy:
         try:
             arm()  # from here a disconnect cancels the request, queued or forwarded
             t_queue = time.perf_counter()
-            async with gateway.slot(admission):
+            async with gateway.slot(admission, forward.tokens) as slot:
                 gateway.queued(ex, t_queue)
                 assert admission.head is not None  # read, since the request was admitted
                 authorization = admission.head.authorization
                 settled = await self._forward(
-                    ex, scope, forward, authorization, send, span, reservation
+                    ex, scope, forward, authorization, send, span, reservation, slot
                 )
         finally:
             if not settled:
@@ -212,8 +227,11 @@ class AsgiProxy:
         send: Send,
         span: RequestSpan | None,
         reservation: Reservation,
+        slot: Slot,
     ) -> bool:
-        """Send upstream and relay the answer; True once the reservation is settled."""
+        """Send upstream and relay the answer; True once the reservation is settled. The
+        slot is given back as soon as the upstream's answer is all read, before the client has
+        taken all of it."""
         gateway = self.gateway
         extra: dict[str, str] = {}
         if span is not None:
@@ -238,22 +256,23 @@ class AsgiProxy:
         answer = gateway.answer(ex, forward.relay_args)
         try:
             if resp.is_event_stream:
-                await self._relay_stream(ex, resp, send, answer)
+                await self._relay_stream(ex, resp, send, answer, slot)
             else:
-                await self._relay_body(ex, resp, send, answer)
+                await self._relay_body(ex, resp, send, answer, slot)
         finally:
             resp.release()
         await gateway.settle(answer, reservation)
         return True
 
     async def _relay_body(
-        self, ex: Exchange, resp: UpstreamResponse, send: Send, answer: Answer
+        self, ex: Exchange, resp: UpstreamResponse, send: Send, answer: Answer, slot: Slot
     ) -> None:
         headers = response_headers(resp)
         headers.append((b"x-request-id", ex.request_id.encode()))
         length = resp.content_length
         if length is not None and length <= _BUFFER_MAX:
             data = await resp.read(_BUFFER_MAX)
+            slot.release()  # the upstream is done: the client's reading is not its work
             headers.append((b"content-length", str(len(data)).encode()))
             ex.finished = True  # nothing left to cancel; a disconnect from here is harmless
             answer.start(resp.status, False)
@@ -280,34 +299,58 @@ class AsgiProxy:
         answer.ended()
 
     async def _relay_stream(
-        self, ex: Exchange, resp: UpstreamResponse, send: Send, answer: Answer
+        self, ex: Exchange, resp: UpstreamResponse, send: Send, answer: Answer, slot: Slot
     ) -> None:
+        """The upstream's events are read (and accounted) by a task of their own into a
+        bounded pipe (:class:`~guard.http.Pipe`) that this task writes to the client: a slow
+        client does not hold the upstream back, and the slot is freed when the upstream ends."""
         headers = [pair for pair in response_headers(resp) if pair[0] != _ACCEL]
         headers.append((b"x-request-id", ex.request_id.encode()))
         headers.append((_ACCEL, b"no"))
         answer.start(resp.status, True)
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        pipe = Pipe(self.read_ahead, self.read_ahead_budget)
+        reader = asyncio.create_task(self._read_stream(resp, answer, pipe, slot))
         try:
-            async for chunk in resp.chunks():
-                out = answer.relay_chunk(chunk)
+            while (data := await pipe.get()) is not None:
+                await self._write(send, data)
+                ex.bytes_out += len(data)
+            await send({"type": "http.response.body", "body": b""})
+            ex.ended = time.perf_counter()
+            await reader  # the connection back to the pool (drained after [DONE])
+        finally:
+            reader.cancel()  # if still reading: the client is gone or too slow
+            # Its outcome is known (a failure was raised through the pipe): only collect it.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            pipe.discard()
+
+    @staticmethod
+    async def _read_stream(resp: UpstreamResponse, answer: Answer, pipe: Pipe, slot: Slot) -> None:
+        """The upstream's side of :meth:`_relay_stream`."""
+        try:
+            try:
+                async for chunk in resp.chunks():
+                    out = answer.relay_chunk(chunk)
+                    if out:
+                        await pipe.put(out)
+                    if answer.done:
+                        break
+                else:  # the upstream ended without [DONE]
+                    out = answer.ended()
+                    if out:
+                        await pipe.put(out)
+            except UpstreamError as err:
+                out = answer.failed(err)
                 if out:
-                    await self._write(send, out)
-                    ex.bytes_out += len(out)
-                if answer.done:
-                    break
-            else:  # the upstream ended without [DONE]
-                out = answer.ended()
-                await self._write(send, out)
-                ex.bytes_out += len(out)
-        except UpstreamError as err:
-            out = answer.failed(err)
-            if out:
-                await self._write(send, out)
-                ex.bytes_out += len(out)
-        if answer.close():
-            resp.abort()
-        await send({"type": "http.response.body", "body": b""})
-        ex.ended = time.perf_counter()
+                    await pipe.put(out)
+            if answer.close():
+                resp.abort()
+        except Exception as exc:
+            pipe.close(exc)
+            raise
+        slot.release()  # the upstream's work is over: its slot to the next request
+        pipe.close()
         relay = answer.relay
         if relay is not None and relay.upstream_done:
             await resp.drain(_DRAIN_AFTER_DONE_S)

@@ -95,6 +95,7 @@ class EngineStats:
     admission_refusals: int
     steps: int
     tenants: int
+    max_num_seqs: int = 0  # requests the scheduler runs at once: a proxy's capacity to read
     finished: dict[str, int] = field(default_factory=dict)
     rejections: dict[str, int] = field(default_factory=dict)
 
@@ -238,6 +239,7 @@ class EngineCore:
             allocation_failures=kv.allocation_failures,
             admission_refusals=kv.admission_refusals,
             steps=self.steps,
+            max_num_seqs=self.scheduler.config.max_num_seqs,
             tenants=0,
             finished=dict(Counter(s.finished) + self._finished_in_inbox),
         )

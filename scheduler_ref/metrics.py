@@ -28,6 +28,7 @@ _ENGINE_METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("inbox_capacity", "gauge", "Capacity of the bounded inbox.", "inbox_capacity"),
     ("waiting", "gauge", "Requests in the scheduler's waiting queue.", "waiting"),
     ("running", "gauge", "Requests running (holding KV blocks).", "running"),
+    ("max_num_seqs", "gauge", "Requests the scheduler runs at once, at most.", "max_num_seqs"),
     (
         "kv_blocks_total",
         "gauge",

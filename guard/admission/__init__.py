@@ -1,6 +1,7 @@
 """Admission: per-key request and token buckets (in memory or Redis, one Lua script per
-operation), concurrency slots with a bounded FIFO queue, and the structured-output compile
-budget (cold compiles charged per key, exact repeats free, global caps).
+operation), concurrency slots with a bounded queue released by weighted fair queuing (flows:
+tenants, anonymous callers by address), and the structured-output compile budget (cold
+compiles charged per key, exact repeats free, global caps).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from guard.admission._concurrency import (
     ConcurrencyMetrics,
     Slot,
 )
+from guard.admission._flow import ANONYMOUS_FLOW_PREFIX, TrustedProxies, address_flow
 from guard.admission._ratelimit import (
     FailurePolicy,
     Listener,
@@ -32,6 +34,7 @@ from guard.admission._ratelimit import (
 )
 
 __all__ = [
+    "ANONYMOUS_FLOW_PREFIX",
     "BUDGET_EXHAUSTED",
     "POOL_BUSY",
     "ColdCost",
@@ -50,5 +53,7 @@ __all__ = [
     "RedisRateLimiter",
     "Reservation",
     "Slot",
+    "TrustedProxies",
+    "address_flow",
     "make_rate_limiter",
 ]

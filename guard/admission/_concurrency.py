@@ -210,8 +210,14 @@ class Slot:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Give the slots back now (the upstream's work is over while the client is still
+        reading the answer); leaving the ``async with`` then does nothing more."""
         if self._entered is not None:
-            self._limiter._release(self._claim.tenant, self._key, self._entered)
+            entered, self._entered = self._entered, None
+            self._limiter._release(self._claim.tenant, self._key, entered)
 
 
 # Retry-After is an estimate; keep it within what a client will sensibly wait.

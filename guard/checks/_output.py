@@ -84,7 +84,9 @@ def output_cap(
         raise LimitExceeded("max_tokens_exceeded", f"{name} is {shown}; {limit}", param=name)
     requested = requested_output(body, endpoint)
     inject = INJECT_FIELD.get(endpoint)
-    per_prompt = sequences_per_prompt(body)
+    # llama-cpp-python drops n and best_of from the request (its server's model_dump excludes
+    # them) and generates one sequence: the work it does, and the usage it reports.
+    per_prompt = 1 if kind == "llama_cpp" else sequences_per_prompt(body)
     if to_window:
         return OutputCap(1, to_window=tuple(to_window), per_prompt=per_prompt)
     if requested is not None:

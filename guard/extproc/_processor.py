@@ -169,7 +169,7 @@ class ExtProcStream:
         self.request_headers = headers
         envoy_id = usable_request_id(request_id) if request_id else None
         try:
-            opened = gateway.open(ex, headers)
+            opened = gateway.open(ex, headers, None)  # Envoy appends the client's address
         except GuardError as err:
             ex.request_id = envoy_id or ex.request_id
             return self._refuse(err)
@@ -219,7 +219,7 @@ class ExtProcStream:
             forward = self.forward = gateway.prepare(ex, admission)
             self.reservation = await gateway.reserve(ex, admission, forward.tokens)
             t_queue = time.perf_counter()
-            slot = gateway.slot(admission)
+            slot = gateway.slot(admission, forward.tokens)
             await slot.__aenter__()
             self.slot = slot
             gateway.queued(ex, t_queue)

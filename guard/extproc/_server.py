@@ -43,6 +43,7 @@ from guard.gateway import Gateway, build_gateway
 from guard.http import Upstream, dropped_headers
 from guard.policy import Policy, load_policy
 from guard.telemetry import CONTENT_TYPE, AccessLog, configure_logging
+from guard.upstream_capacity import UpstreamCapacity
 
 __all__ = ["ExtProcOptions", "ExternalProcessor", "run", "serve"]
 
@@ -135,13 +136,14 @@ async def serve(
     if bound == 0:
         raise OSError(f"cannot bind {opts.host}:{opts.port}")
     context = ContextWindow(gateway, upstream) if upstream is not None else None
+    capacity = UpstreamCapacity(gateway, upstream) if upstream is not None else None
     serving = asyncio.Event()
 
     async def healthz() -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz() -> Response:
-        return await _readiness(gateway, context, serving)
+        return await _readiness(gateway, context, capacity, serving)
 
     async def prometheus() -> Response:
         return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
@@ -153,6 +155,8 @@ async def serve(
     try:
         if context is not None:
             await context.start()
+        if capacity is not None:
+            await capacity.start()
         if admin is not None:
             await admin.start()
         async with gateway.running():
@@ -160,6 +164,8 @@ async def serve(
     finally:
         if admin is not None:
             await admin.stop()
+        if capacity is not None:
+            await capacity.stop()
         if context is not None:
             await context.stop()
         if upstream is not None:
@@ -194,7 +200,10 @@ async def _serve(
 
 
 async def _readiness(
-    gateway: Gateway, context: ContextWindow | None, serving: asyncio.Event
+    gateway: Gateway,
+    context: ContextWindow | None,
+    capacity: UpstreamCapacity | None,
+    serving: asyncio.Event,
 ) -> Response:
     """200 when the processor serves and its rate limiter can decide (a Redis that fails
     closed answers); the context window in force, as the proxy's ``/readyz`` says it."""
@@ -209,6 +218,8 @@ async def _readiness(
     if context is not None:
         await context.refresh()
         body.update(context.describe())
+    if capacity is not None:
+        body.update(capacity.describe())
     return JSONResponse(body)
 
 

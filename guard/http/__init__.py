@@ -29,6 +29,7 @@ from guard.http._protocol import (
     head_refusals,
     protocol_with,
 )
+from guard.http._read_ahead import Pipe, ReadAheadBudget
 from guard.http._sse_relay import (
     SseRelay,
     error_event,
@@ -54,6 +55,8 @@ __all__ = [
     "DisconnectHook",
     "FramingLimits",
     "GuardHttpToolsProtocol",
+    "Pipe",
+    "ReadAheadBudget",
     "RequestHead",
     "SseRelay",
     "Upstream",

@@ -109,6 +109,23 @@ class UpstreamConfig:
         description="Pooled keep-alive connections to the upstream, at most; as many as the "
         "upstream's concurrent requests (vLLM's default `max_num_seqs` is 256).",
     )
+    capacity: PosInt | None = Field(
+        default=None,
+        description="Requests the upstream serves at once: the guard lets this many through "
+        "(at most `rate.global_concurrency`) and queues the rest fairly. `null` (default): "
+        "read from the upstream while serving -- vLLM's (and SGLang's, and the reference "
+        "scheduler's) `/metrics`: running and waiting requests and KV-cache use, the limit "
+        "shrinking while the upstream queues and growing back while it has room; llama.cpp's "
+        "`llama-server`: `/props` `total_slots`; llama-cpp-python: one slot (plus one request "
+        "let through to wait at its lock, for which it ends a running stream); otherwise "
+        "`rate.global_concurrency`. `/readyz` says the capacity in force and where it came "
+        "from.",
+    )
+    capacity_poll_s: PosFloat = Field(
+        default=1.0,
+        description="How often the upstream's load is read for the capacity in force (vLLM's "
+        "`/metrics`), while serving.",
+    )
     kind: Literal["auto", UpstreamKind] = Field(
         default="auto",
         description="What the upstream is, for what the guard knows of the requests it "

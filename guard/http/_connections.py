@@ -59,6 +59,27 @@ class ConnectionLimits:
         "`ReadHeaderTimeout`; nginx's `client_header_timeout` is 60 s). The body has its own "
         "`limits.body.body_read_timeout_s`.",
     )
+    send_timeout_s: PosFloat = Field(
+        default=15.0,
+        description="Seconds a response may wait for the client to take more of it (its socket "
+        "buffers full: it stopped reading, or left without closing) before the guard cuts the "
+        "connection and ends the upstream request, so that the upstream stops generating for "
+        "nobody and its slot goes to the next request (the access line says 499 "
+        "`client_too_slow`). Megabytes sit in the socket buffers first, so a client that reads "
+        "at all never comes near it.",
+    )
+    read_ahead_bytes: PosInt = Field(
+        default=1 << 20,
+        description="Bytes of a streamed answer read from the upstream ahead of a client that "
+        "reads it slower (or not at all), per answer: the upstream finishes its work, and its "
+        "concurrency slot goes to the next request, without waiting on the client. Past it the "
+        "upstream waits for the client.",
+    )
+    read_ahead_total_bytes: PosInt = Field(
+        default=64 << 20,
+        description="Bytes read ahead for all answers of the process together, at most (a "
+        "flood of unread answers costs no more than this).",
+    )
     keep_alive_timeout_s: PosFloat = Field(
         default=5.0,
         description="Seconds a connection may stay idle after a response before it is closed "

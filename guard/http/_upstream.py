@@ -305,6 +305,12 @@ class Upstream:
         except ValueError:
             return None
 
+    async def fetch(self, path: str, keep: int) -> bytes | None:
+        """The body of ``GET path`` when the upstream answers 200 with at most ``keep`` bytes
+        within ``health_timeout_s`` (its ``/metrics``, llama-server's ``/props``); else None."""
+        answer = await self._get(path, [PROBE_HEADER], keep)
+        return answer[1] if answer is not None and answer[0] == 200 else None
+
     async def _get(
         self, path: str, headers: list[tuple[bytes, bytes]], keep: int = 0
     ) -> tuple[int, bytes] | None:

@@ -31,7 +31,7 @@ from pydantic.dataclasses import dataclass, is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 
 from guard._limits import LIMITS_CONFIG, LimitsModel, NonNegInt, PosFloat, PosInt
-from guard.admission import ConcurrencyLimits, RateLimits
+from guard.admission import ConcurrencyLimits, RateLimits, TrustedProxies
 from guard.checks import CHECK_NAMES, CheckSections
 from guard.http import ConnectionLimits, FramingLimits, UpstreamConfig, UpstreamKind
 from guard.json import JsonLimits
@@ -134,6 +134,27 @@ class RatePolicy(RateLimits):
     queue_timeout_s: PosFloat = Field(
         default=5.0, description="Seconds a request may wait for a slot (then 429 or 503)."
     )
+    weight: PosFloat = Field(
+        default=1.0,
+        description="This key's share of the upstream when tenants wait for it: queued requests "
+        "are released by weighted fair queuing on their estimated work (prompt tokens plus the "
+        "output reserved for every sequence), so each waiting tenant gets work in proportion "
+        "to its weight. Anonymous callers are told apart by address (an IPv6 /64), each with "
+        "this weight.",
+    )
+    client_address_header: str = Field(
+        default="x-forwarded-for",
+        description="The header a proxy in front writes the client's address to; read only "
+        "for requests from `trusted_proxies` (and under Envoy, which appends the downstream "
+        "address itself): the right-most address that is not a trusted proxy is the client's, "
+        "the fair queue's flow of an anonymous caller.",
+    )
+    trusted_proxies: tuple[str, ...] = Field(
+        default=(),
+        description="Addresses or CIDRs (`10.0.0.0/8`) of the proxies in front whose "
+        "`client_address_header` is believed. Empty (default): the connection's peer is the "
+        "client.",
+    )
     redis_url: str | None = Field(
         default=None,
         description="`redis://` URL sharing the limits between guard replicas (atomic Lua "
@@ -157,6 +178,23 @@ class RatePolicy(RateLimits):
         "to keys, or here when set.",
     )
 
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"{cidr[:60]!r} is not an address or CIDR") from None
+        return value
+
+    @field_validator("client_address_header")
+    @classmethod
+    def _header_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}", value):
+            raise ValueError("must be a header name")
+        return value.lower()
+
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
@@ -168,6 +206,19 @@ class RatePolicy(RateLimits):
     def slot_limits(self) -> ConcurrencyLimits:
         """The concurrency limits of one key (built once per key's rate)."""
         return ConcurrencyLimits(self.per_key_concurrency, self.queue_size)
+
+    @cached_property
+    def anonymous_slot_limits(self) -> ConcurrencyLimits:
+        """The anonymous tenant's: none of its own unless `anonymous.concurrency` is set (then
+        anonymous callers wait in the global queue, each address its own flow, rather than in
+        one first-come queue of their shared tenant)."""
+        if self.anonymous.concurrency is None:
+            return ConcurrencyLimits(None, self.queue_size)
+        return ConcurrencyLimits(self.anonymous.concurrency, self.queue_size)
+
+    @cached_property
+    def proxies(self) -> TrustedProxies:
+        return TrustedProxies(self.trusted_proxies)
 
     @cached_property
     def anonymous_rate(self) -> RatePolicy:
@@ -198,6 +249,11 @@ class RateOverrides(Section):
     per_key_concurrency: PosInt | None = Field(
         default=None, description="Overrides `rate.per_key_concurrency`."
     )
+    weight: PosFloat | None = Field(
+        default=None,
+        description="Overrides `rate.weight`: this key's share of the upstream when tenants "
+        "wait (2: twice the work of a key with weight 1).",
+    )
     guided_compile_s_per_minute: PosFloat | None = Field(
         default=None,
         description="Overrides `rate.guided_compile_s_per_minute` (`null`: unlimited).",
@@ -209,9 +265,9 @@ class RateOverrides(Section):
     def apply(self, base: RatePolicy) -> RatePolicy:
         """``base`` with the fields this override sets."""
         update = {k: getattr(self, k) for k in self.model_fields_set}
-        # burst, per_key_concurrency and guided_compile_burst_s cannot be unlimited: null there
-        # means "inherit".
-        for name in ("burst", "per_key_concurrency", "guided_compile_burst_s"):
+        # burst, per_key_concurrency, guided_compile_burst_s and weight cannot be unlimited:
+        # null there means "inherit".
+        for name in ("burst", "per_key_concurrency", "guided_compile_burst_s", "weight"):
             if update.get(name, 0) is None:
                 del update[name]
         return dataclasses.replace(base, **update) if update else base

@@ -134,6 +134,16 @@ _HELP = {
     "upstream's usage when it reports one, else the guard's count).",
     "in_flight": "Proxied requests being handled.",
     "queue_wait": "Time forwarded requests waited for a concurrency slot.",
+    "fair_wait": "Time requests waited for a concurrency slot, by tenant (anonymous callers "
+    "together).",
+    "fair_work": "Estimated work (tokens reserved: prompt plus output for every sequence) let "
+    "through to the upstream, by tenant: each tenant's share of the upstream is its rate over "
+    "the sum.",
+    "fair_queued": "Requests waiting for a concurrency slot now, by tenant (anonymous callers "
+    "together, each address a flow of its own in the fair queue).",
+    "capacity": "The upstream's capacity in force (the guard's global slots) and where it came "
+    "from: policy, upstream (read from it while serving), kind (what the upstream is) or "
+    "default (rate.global_concurrency).",
     "aborts": "Upstream requests cut short: client_gone, client_too_slow, output_cap, bad_event.",
     "truncated": "Streams the upstream ended early, by route: no_done (the stream ended without "
     "[DONE]; the client gets an upstream_stream_truncated error event), no_finish_reason "
@@ -165,6 +175,24 @@ class _Exported(Collector):
             "schedguard_guard_in_flight_requests", _HELP["in_flight"], value=m.in_flight
         )
         yield _histogram("schedguard_guard_queue_wait_seconds", "queue_wait", m.queue_wait)
+        yield _histograms(
+            "schedguard_guard_fair_wait_seconds", "fair_wait", m.fair_wait, label="tenant"
+        )
+        yield _counter("schedguard_guard_fair_work", "fair_work", ["tenant"], m.fair_work)
+        queued = GaugeMetricFamily(
+            "schedguard_guard_fair_queued_requests", _HELP["fair_queued"], labels=["tenant"]
+        )
+        if m.queued_by_tenant is not None:
+            for tenant, count in sorted(m.queued_by_tenant().items()):
+                queued.add_metric([tenant], count)
+        yield queued
+        if m.capacity is not None:
+            limit, source = m.capacity()
+            capacity = GaugeMetricFamily(
+                "schedguard_guard_upstream_capacity", _HELP["capacity"], labels=["source"]
+            )
+            capacity.add_metric([source], limit)
+            yield capacity
         yield _counter("schedguard_guard_upstream_aborts", "aborts", ["reason"], m.aborts)
         yield _counter(
             "schedguard_guard_upstream_streams_truncated",
@@ -254,8 +282,10 @@ def _histogram(name: str, help_key: str, hist: Histogram) -> HistogramMetricFami
     return out
 
 
-def _histograms(name: str, help_key: str, family: _Family) -> HistogramMetricFamily:
-    out = HistogramMetricFamily(name, _HELP[help_key], labels=["route"])
+def _histograms(
+    name: str, help_key: str, family: _Family, label: str = "route"
+) -> HistogramMetricFamily:
+    out = HistogramMetricFamily(name, _HELP[help_key], labels=[label])
     for label_values, hist in sorted(family.by_labels.items()):
         out.add_metric(list(label_values), hist.buckets(), hist.total)
     return out
@@ -299,6 +329,19 @@ class GuardMetrics:
         self.sources: dict[str, Snapshot] = {}
         # Refusals made by the HTTP server before any app saw the request (431 heads).
         self.server_rejections: Snapshot | None = None
+        # The fair queue: waits and work by tenant; the queue and the capacity read at scrape.
+        self.fair_wait = _Family(_WAIT_BUCKETS)
+        self.fair_work: dict[tuple[str, ...], float] = {}
+        self.queued_by_tenant: Callable[[], dict[str, int]] | None = None
+        self.capacity: Callable[[], tuple[int, str]] | None = None
+
+    def slot_event(self, event: str, tenant: str, value: float) -> None:
+        """The concurrency limiter's listener: waits and work of the requests let through."""
+        if event == "admitted":
+            self.fair_wait.labels(tenant).observe(value)
+        elif event == "work":
+            key = (tenant,)
+            self.fair_work[key] = self.fair_work.get(key, 0.0) + value
 
     def request_done(self, route: str, status: int, duration_s: float) -> None:
         key = (route, str(status))

@@ -221,6 +221,42 @@ async def test_slow_client_is_cut_and_the_upstream_request_cancelled() -> None:
         assert 'schedguard_guard_upstream_aborts_total{reason="client_too_slow"} 1.0' in text
 
 
+async def test_a_client_that_does_not_read_does_not_hold_the_upstream() -> None:
+    """The guard reads a finite stream ahead of a client that reads none of it: the upstream
+    finishes (not cancelled), and the concurrency slot is given back while the client's
+    connection is still open; the client is cut later, for its own slowness only."""
+    policy = STEADY + (
+        "\nlimits: {connections: {read_ahead_bytes: 16777216}, tokens: {context_length: 65536}}"
+    )
+    async with guard(policy, client_timeout_s=3.0) as (url, fake, app):
+        gateway = app.state.gateway
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, (host, int(port)))
+        body = json.dumps({**STREAM, "max_tokens": 30000}).encode()
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"x-fake-tokens: 30000\r\ncontent-length: {len(body)}\r\n\r\n"
+        ).encode()  # ~3 MB of events: far more than the socket buffers take
+        try:
+            await loop.sock_sendall(sock, head + body)
+            deadline = time.monotonic() + WAIT_S
+            while not fake.received or gateway.concurrency.in_flight:
+                assert time.monotonic() < deadline, "the slot was held for the client"
+                await asyncio.sleep(0.01)  # waiting for the upstream's answer to be read
+            assert app.state.metrics.in_flight == 1  # the client still has its answer to read
+            assert not fake.cancelled  # the upstream finished its answer
+            await settled(app)  # then the unread client is cut
+        finally:
+            sock.close()
+        text = app.state.metrics.render().decode()
+        assert 'schedguard_guard_upstream_aborts_total{reason="client_too_slow"} 1.0' in text
+        assert not fake.cancelled
+
+
 @pytest.mark.parametrize("mode", ["hang", "reset", "reset-mid-stream"])
 async def test_faults_leave_the_guard_serving(mode: str) -> None:
     # The hung requests end at the read timeout; 3 s leaves the last request room on a busy

@@ -477,10 +477,16 @@ def test_llama_cpp_python_overshoot_is_reserved() -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "n": 2}
     view = RequestView.build(body, path="/v1/chat/completions")
     base = load_policy(None, env={})
-    for kind, extra in (("vllm", 0), ("other", 0), ("llama_cpp", OUTPUT_OVERSHOOT)):
+    # llama-cpp-python generates one sequence whatever n says (its server drops n and best_of).
+    for kind, extra, sequences in (
+        ("vllm", 0, 2),
+        ("other", 0, 2),
+        ("llama_cpp", OUTPUT_OVERSHOOT, 1),
+    ):
         result = check_tokens(view, base.with_upstream_kind(kind))  # type: ignore[arg-type]
         assert result.costs["output_tokens"] == 8  # the relay's cap stays the request's
-        assert result.costs["output_tokens_reserved"] == (8 + extra) * 2
+        assert result.costs["sequences"] == sequences
+        assert result.costs["output_tokens_reserved"] == (8 + extra) * sequences
 
 
 def test_logit_bias_that_keeps_llama_cpp_python_past_max_tokens_is_refused() -> None:
