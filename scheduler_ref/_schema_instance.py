@@ -3,7 +3,7 @@ tool call's arguments.
 
 Deterministic and minimal: an object has its required properties only (more, in
 ``properties`` order, when ``minProperties`` asks), an array ``minItems`` items, a string
-``minLength`` characters (or a sample of its ``format``), a number its lower bound (rounded up
+``minLength`` characters (or a sample of its ``format``, padded where the format allows), a number its lower bound (rounded up
 to ``multipleOf``) or 0, a boolean ``false``; ``const`` and the first of ``enum`` win over
 everything; ``anyOf`` / ``oneOf`` take their first branch (deep in a recursive schema, the
 first that nests no further), ``allOf`` is merged shallowly;
@@ -60,6 +60,10 @@ _FORMATS = {
     "json-pointer": "",
     "regex": "",
 }
+# Formats whose sample stays valid padded to minLength: at the front (an email's local part), at
+# the back (a URI's path); the others have a fixed shape.
+_PAD_FRONT = frozenset({"email", "idn-email"})
+_PAD_BACK = frozenset({"uri", "iri", "uri-reference", "iri-reference"})
 # Deep in a schema, this many branches of an anyOf are looked at for one that nests no further.
 _LEAF_BRANCHES = 16
 _EMPTY: dict[str, Any] = {
@@ -234,7 +238,14 @@ class _Builder:
         fmt = schema.get("format")
         sample = _FORMATS.get(fmt, "") if isinstance(fmt, str) else ""
         self._spend(0, max(wanted, len(sample)))
-        return sample + "a" * max(0, wanted - len(sample))
+        pad = "a" * max(0, wanted - len(sample))
+        if not sample or not pad:
+            return sample + pad
+        if fmt in _PAD_FRONT:
+            return pad + sample
+        # A fixed-length format (a date, a UUID, ...) longer than minLength allows has no
+        # instance: its sample is answered as it is.
+        return sample + pad if fmt in _PAD_BACK else sample
 
 
 def _type_of(schema: Mapping[str, Any]) -> str:

@@ -181,7 +181,12 @@ def test_a_recursive_schema_is_cut_at_the_depth_bound(schema: Any) -> None:
 _SCALAR = st.one_of(
     st.fixed_dictionaries(
         {"type": st.just("string")},
-        optional={"minLength": st.integers(0, 40), "format": st.sampled_from(["date", "email"])},
+        optional={"minLength": st.integers(0, 40), "format": st.sampled_from(["email", "uri"])},
+    ),
+    # A fixed-length format: satisfiable up to its length only.
+    st.fixed_dictionaries(
+        {"type": st.just("string"), "format": st.sampled_from(["date", "uuid", "ipv4"])},
+        optional={"minLength": st.integers(0, 9)},
     ),
     st.fixed_dictionaries(
         {"type": st.sampled_from(["integer", "number"])},
