@@ -8,7 +8,8 @@ stats rows, by request type:
 
 - ``BENIGN``: synthetic chat and completion requests (``chat``, ``chat stream``, ...), the full
   response time; ``TTFT`` and ``ITL``: time to first token and mean inter-token gap of each
-  stream; ``LOOKALIKE``: the corpus's benign look-alikes (one row per payload);
+  stream; ``LOOKALIKE``: the corpus's benign look-alikes (one row per payload; one that forces a
+  tool call fails unless its whole answer carries the call, :mod:`loadtests.tool_calls`);
 - ``ATTACK``: one row per THREATS class; a success is an attack *rejected* (a 4xx answer), a
   failure one that got through, timed out or broke the connection. A ``flood`` payload is sent
   as a burst of ``--flood-burst`` concurrent requests and counts once, rejected when any of
@@ -53,6 +54,7 @@ from loadtests.monitor import Monitor
 from loadtests.prompts import BenignMix, make_request
 from loadtests.replay import Replay, RoundRobin, load_attacks, load_lookalikes
 from loadtests.shapes import ATTACK, BENIGN, SHAPES, ShapeSpec, tick
+from loadtests.tool_calls import forced_call_failure
 
 _ids = itertools.count()
 # Counters the SLO report shows beside locust's stats (client-side status/code of attacks,
@@ -330,7 +332,8 @@ class BenignUser(User):
             self._stream("LOOKALIKE", replay.id, replay.path, body)
             return
         resp = self.conn.request(replay.method, replay.path, body, self.headers)
-        _fire(self, "LOOKALIKE", replay.id, resp.elapsed_s, len(resp.body), _benign_failure(resp))
+        failure = _benign_failure(resp) or forced_call_failure(body, resp.body)
+        _fire(self, "LOOKALIKE", replay.id, resp.elapsed_s, len(resp.body), failure)
 
 
 def _benign_failure(resp: Response) -> str | None:

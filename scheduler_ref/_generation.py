@@ -22,6 +22,7 @@ from scheduler_ref import api_models as api
 from scheduler_ref._prompts import Prompt
 from scheduler_ref._sse import DONE, sse_event
 from scheduler_ref._stop import StopMatcher
+from scheduler_ref._tool_calls import ArgumentsStream, ForcedCall
 from scheduler_ref.engine import Engine, RequestStream
 from scheduler_ref.errors import ServerError
 from scheduler_ref.output import RequestOutput
@@ -36,6 +37,9 @@ class Choice:
     finish_reason: str | None = None
     completion_tokens: int = 0
     stop: StopMatcher | None = None
+    # A forced tool call: ``text`` is its arguments, the engine's tokens stand for theirs.
+    call: ArgumentsStream | None = None
+    call_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,7 @@ class Generation:
         sampling: SamplingParams,
         tenant: str,
         stop: Sequence[str] = (),
+        call: ForcedCall | None = None,
     ) -> Generation:
         gen = cls(engine, rid, prompt_tokens=sum(len(p.token_ids) for p in prompts))
         try:
@@ -74,7 +79,13 @@ class Generation:
                         f"{rid}-{i * n + j}", prompt.token_ids, sampling, tenant=tenant
                     )
                     gen.streams.append(stream)
-                    gen.choices.append(Choice(stop=StopMatcher(stop) if stop else None))
+                    gen.choices.append(
+                        Choice(
+                            stop=StopMatcher(stop) if stop else None,
+                            call=call.stream() if call is not None else None,
+                            call_id=api.new_tool_call_id() if call is not None else "",
+                        )
+                    )
         except BaseException:
             gen.abort()
             raise
@@ -125,6 +136,10 @@ class Generation:
                 continue  # stopped by a stop string; this is the engine's abort confirmation
             choice.completion_tokens = out.num_output_tokens
             text, reason = out.text, out.finish_reason if out.finished else None
+            if choice.call is not None:
+                text = choice.call.advance(out.num_output_tokens)
+                if out.finished and choice.call.complete:
+                    reason = choice.call.call.finish_reason
             if choice.stop is not None:
                 text, stopped = choice.stop.feed(text)
                 if stopped:
@@ -156,7 +171,14 @@ def completion_response(
 def chat_response(
     gen: Generation, choices: list[Choice], model: str, created: int
 ) -> dict[str, Any]:
-    body = [api.chat_choice(i, c.text, c.finish_reason) for i, c in enumerate(choices)]
+    body = [
+        api.chat_choice(i, c.text, c.finish_reason)
+        if c.call is None
+        else api.chat_tool_call_choice(
+            i, api.tool_call(c.call_id, c.call.call.name, c.text), c.finish_reason
+        )
+        for i, c in enumerate(choices)
+    ]
     return api.response_body("chat.completion", gen.rid, created, model, body, _usage(gen))
 
 
@@ -204,10 +226,13 @@ async def stream_events(
                 include_usage,
             )
         )
+    headed: set[int] = set()  # choices whose tool call has been opened (id, type, name)
     try:
         async for d in gen.deltas():
             if chat:
-                delta = {"content": d.text} if d.text else {}
+                delta = _chat_delta(gen.choices[d.index], d, opened=d.index in headed)
+                if gen.choices[d.index].call is not None:
+                    headed.add(d.index)
                 choice = api.chat_delta_choice(d.index, delta, d.finish_reason)
             else:
                 choice = api.completion_choice(d.index, d.text, d.finish_reason)
@@ -226,3 +251,12 @@ async def stream_events(
         final["usage"] = api.usage(gen.prompt_tokens, gen.completion_tokens)
         yield sse_event(final)
     yield DONE
+
+
+def _chat_delta(choice: Choice, d: Delta, *, opened: bool) -> dict[str, Any]:
+    if choice.call is None:
+        return {"content": d.text} if d.text else {}
+    if not opened:
+        return api.tool_call_delta(d.text, call_id=choice.call_id, name=choice.call.call.name)
+    # The last delta of a call may carry only the finish reason.
+    return api.tool_call_delta(d.text) if d.text else {}

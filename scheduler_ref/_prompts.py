@@ -271,6 +271,10 @@ class Tokenizer:
     def counter(self) -> TokenCounter:
         return get_counter(TOKEN_ENCODING)
 
+    def token_bytes(self, text: str) -> list[bytes]:
+        """The bytes of each token of ``text`` (a token may hold part of a character)."""
+        return [self._enc.decode_single_token_bytes(t) for t in self._enc.encode_ordinary(text)]
+
     def encode_capped(self, text: str, cap: int | None, param: str) -> list[int]:
         if cap is not None:
             check_prompt_tokens(text, cap, self.counter, param=param)

@@ -89,6 +89,9 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     tools: list[dict[str, Any]] | None = None
+    # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}; read by
+    # scheduler_ref._tool_calls (anything else is "auto": plain text, as before).
+    tool_choice: Any = None
     add_generation_prompt: bool = True
     # schedguard extras.
     chat_template: str | None = None
@@ -109,6 +112,11 @@ class ChatCompletionRequest(_GenerationRequest):
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def new_tool_call_id() -> str:
+    # OpenAI's shape: "call_" and 24 characters.
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def now() -> int:
@@ -163,6 +171,39 @@ def chat_choice(index: int, text: str, finish_reason: str | None) -> dict[str, A
         "logprobs": None,
         "finish_reason": finish_reason,
     }
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def chat_tool_call_choice(
+    index: int, call: dict[str, Any], finish_reason: str | None
+) -> dict[str, Any]:
+    """A choice that calls a tool: ``content`` null, the call in ``tool_calls`` (OpenAI's
+    shape)."""
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+
+
+def tool_call_delta(
+    arguments: str, *, call_id: str | None = None, name: str | None = None
+) -> dict[str, Any]:
+    """A streamed piece of a choice's (only) tool call, as vLLM streams a forced call: the first
+    carries ``id``, ``type`` and the name with the first arguments, the rest arguments only."""
+    if call_id is None:
+        return {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
+    call = {
+        "index": 0,
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+    return {"tool_calls": [call]}
 
 
 def _chunk(

