@@ -194,13 +194,14 @@ def count(run: Run) -> Counts:
     its scraped counters. Without a timeline (an older run), benign counts from the SLO report."""
     tl_data = run.timeline or {}
     duration = max(float(tl_data.get("duration_s") or run.numbers.get("duration_s") or 0.0), 1.0)
-    starts, seconds = _bars(duration, _windows(duration)[2])
+    width = _windows(duration)[2]
+    starts, seconds = _bars(duration, width)
     out = Counts(starts, seconds)
     n_bars = len(starts)
     records: dict[str, int] = {}
     bursts: dict[str, int] = {}
     for second, bucket in (tl_data.get("buckets") or {}).items():
-        i = min(max(0, int(int(second) // _windows(duration)[2])), n_bars - 1)
+        i = min(max(0, int(int(second) // width)), n_bars - 1)
         for kind in ("BENIGN", "LOOKALIKE"):
             for label, n in (bucket.get(f"req {kind}") or {}).items():
                 row = out.benign.setdefault(kind, {})
@@ -213,7 +214,6 @@ def count(run: Run) -> Counts:
             bursts[label] = bursts.get(label, 0) + int(n)
     out.attacks = outcomes.summarize(records, bursts)
     out.recorded = int(tl_data.get("version") or 0) >= 2
-    width = _windows(duration)[2]
     out.rejections = _counts_from_counters(tl_data.get("guard_rejections") or [], width, n_bars)
     if not tl_data:
         n = run.numbers
@@ -982,9 +982,15 @@ def _code_totals(runs: Sequence[Run], counts: Sequence[Counts]) -> str:
     )
     if not codes:
         return "<p>No rejections were scraped from a guard.</p>"
-    head = "<tr><th>code</th>" + "".join(f"<th>{_e(r.label)}</th>" for r in runs) + "</tr>"
+    head = (
+        "<tr><th>code</th><th>refused by</th>"
+        + "".join(f"<th>{_e(r.label)}</th>" for r in runs)
+        + "</tr>"
+    )
     rows = "".join(
         f"<tr><td><code>{_e(code)}</code></td>"
+        # /metrics has the code, not the status: a limit's code or else a check's
+        f"<td>{_e(outcomes.refused_by(400, code))}</td>"
         + "".join(
             f'<td class="num" data-run="{i}">{_n(f"rejections/{code}", t.get(code, 0))}</td>'
             for i, t in enumerate(totals)

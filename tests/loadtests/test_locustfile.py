@@ -255,7 +255,7 @@ def test_baseline_ratio_and_rss_slope(tmp_path: Path) -> None:
     gated = slo.evaluate(data, slo.Thresholds(max_rss_slope_mb_per_min=0.5))
     assert any(c.name == "guard RSS slope" and c.status == "fail" for c in gated.checks)
     # Under two minutes of samples the slope is not judged (nor shown as a number).
-    data.rss_series = {"guard": [(t, 100 * MB + t * MB) for t in range(0, 46)]}
+    data.rss_series = {"guard": [(float(t), 100 * MB + t * MB) for t in range(0, 46)]}
     short = slo.evaluate(data, slo.Thresholds(max_rss_slope_mb_per_min=0.5))
     check = next(c for c in short.checks if c.name == "guard RSS slope")
     assert (check.status, check.measured) == ("skip", "too short to judge (45 s < 120 s)")

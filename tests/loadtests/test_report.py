@@ -391,8 +391,8 @@ def _recorded_run(out: Path) -> Path:
     for s, cls, status, code, n in _CONTENT_ANSWERS:
         record = outcomes.key(cls, outcomes.CONTENT_ATTACK, status, code)
         line.attack(_T0 + s + 0.3, record, n)
-    for s, status, code, n in _FLOOD_ANSWERS:
-        line.attack(_T0 + s + 0.1, outcomes.key("volume", outcomes.FLOOD, status, code), n)
+    for s, status, answer, n in _FLOOD_ANSWERS:
+        line.attack(_T0 + s + 0.1, outcomes.key("volume", outcomes.FLOOD, status, answer), n)
     line.burst(_T0 + 15.5, outcomes.burst_stopped([(429, "rate_limited_requests")]))
     mb = 1 << 20
     rss = {
