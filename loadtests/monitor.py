@@ -12,7 +12,9 @@ servers; against a remote ``--host`` only ``/metrics`` is read and RSS is report
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import statistics
 import time
 import urllib.error
 import urllib.request
@@ -99,23 +101,20 @@ class Watched:
 
 
 class _Cadence:
-    """How often something actually happened: the mean gap between its first and last time."""
+    """How often something actually happened: the median gap between two times (the extra
+    sample taken when the test stops, moments after the last one, does not move it)."""
 
     def __init__(self) -> None:
-        self.first: float | None = None
-        self.last = 0.0
-        self.count = 0
+        self.last: float | None = None
+        self.gaps: collections.deque[float] = collections.deque(maxlen=_MAX_POINTS)
 
     def tick(self, t: float) -> None:
-        if self.first is None:
-            self.first = t
+        if self.last is not None:
+            self.gaps.append(t - self.last)
         self.last = t
-        self.count += 1
 
-    def mean_gap(self) -> float | None:
-        if self.first is None or self.count < 2:
-            return None
-        return (self.last - self.first) / (self.count - 1)
+    def median_gap(self) -> float | None:
+        return statistics.median(self.gaps) if self.gaps else None
 
 
 class Monitor:
@@ -156,7 +155,7 @@ class Monitor:
             "metrics_asked_s": self.sample_interval_s * self.scrape_every,
         }
         for name, cadence in (("rss_s", self._samples), ("metrics_s", self._scrapes)):
-            gap = cadence.mean_gap()
+            gap = cadence.median_gap()
             if gap is not None:
                 out[name] = round(gap, 3)
         return out

@@ -1080,8 +1080,8 @@ def _sampling(run: Run, rs: RunSeries) -> str:
     if rss is not None:
         asked = periods.get("rss_asked_s")
         parts.append(
-            f"RSS every {_period(float(rss))} on average"
-            + (f" (asked: {_period(float(asked))})" if asked is not None else "")
+            f"RSS every {_period(float(rss))} (median gap"
+            + (f"; asked: {_period(float(asked))})" if asked is not None else ")")
             + " by the load generator (psutil, the process and its children: the chart's lines)"
         )
     elif any(len(p) > 1 for p in rs.rss.values()):
@@ -1107,7 +1107,7 @@ def _sampling(run: Run, rs: RunSeries) -> str:
     parts.append(peak)
     metrics = periods.get("metrics_s")
     if metrics is not None:
-        parts.append(f"the guard's /metrics scraped every {_period(float(metrics))} on average")
+        parts.append(f"the guard's /metrics scraped every {_period(float(metrics))} (median gap)")
     parts.append(
         "requests: every one, counted in the second it ended; bars of "
         f"{rs.bar_width:g} s, latency points every {rs.step:g} s over a trailing {rs.span:g} s"

@@ -21,7 +21,9 @@ import psutil
 import pytest
 
 import loadtests
+from loadtests import outcomes
 from loadtests import report as load_report
+from loadtests import timeline as tl
 from schedguard.servers import RunningServer, ServerSpec, free_port, schedguard_argv
 from tests import _chromium
 
@@ -155,7 +157,13 @@ def test_schedguard_load_runs_gates_and_reports(tmp_path: Path) -> None:
     assert "no timeline.json" not in html and "<script" not in html
     timeline = json.loads((out / "timeline.json").read_text())
     kinds = {key for bucket in timeline["buckets"].values() for key in bucket}
-    assert {"lat BENIGN", "req ATTACK", "outcome"} <= kinds
+    assert {"lat BENIGN", "req ATTACK", tl.ATTACKS} <= kinds
+    # The monitor's periods as it measured them, stated on the page.
+    periods = timeline["periods_s"]
+    assert (
+        periods["rss_asked_s"] == 1.0
+        and f"RSS every {load_report._period(periods['rss_s'])}" in html
+    )
     assert timeline["rss_mb"]["guard"] and timeline["guard_rejections"][-1][1]
     assert {s["exit"] for s in report["servers"].values()} == {"running"}
     deadline = time.monotonic() + 5
@@ -302,5 +310,9 @@ def test_distributed_master_two_workers_with_dashboard(
     timeline = json.loads((tmp_path / "timeline.json").read_text())  # and their timelines
     benign = sum(sum(b.get("req BENIGN", {}).values()) for b in timeline["buckets"].values())
     assert benign == n["benign_requests"]
+    # The gate judged the attacks on the records timeline.json holds: the workers' own.
+    records = tl.attack_records(timeline["buckets"])
+    assert sum(records.values()) == n["attack_requests"] > 0
+    assert outcomes.summarize(records).to_dict()["by_intent"] == attacks["by_intent"]
     assert any(counts.get("benign") for _, counts in timeline["users"])
     assert all(w.returncode == 0 for w in workers)

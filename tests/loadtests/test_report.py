@@ -569,7 +569,7 @@ def test_every_figure_of_the_page_is_one_count(tmp_path: Path) -> None:
     assert "MB/min (gate" not in text
     # Sampling: said once, as measured; no other period anywhere on the page.
     assert len(page.sampling) == 1
-    assert "RSS every 1.01 s on average (asked: 1 s)" in page.sampling[0]
+    assert "RSS every 1.01 s (median gap; asked: 1 s)" in page.sampling[0]
     assert "every 0.2 s by schedguard load" in page.sampling[0]
     assert "/metrics scraped every 2.03 s" in page.sampling[0]
     assert "every second" not in text and "0.2 s samples" not in text
