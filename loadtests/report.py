@@ -295,18 +295,18 @@ def series(run: Run, counts: Counts | None = None) -> RunSeries:
             p99.append((t, _quantile(hist, 0.99)))
         out.latency[kind] = {"p50": p50, "p99": p99}
     for t in points:
-        attack = total = benign = failed = 0
+        attack = benign = failed = 0
         for s in window(t):
             b = buckets.get(s, {})
-            for kind in ("BENIGN", "LOOKALIKE", "ATTACK"):
+            for kind in ("BENIGN", "LOOKALIKE"):
                 req = b.get(f"req {kind}") or {}
-                n = sum(req.values())
-                total += n
-                if kind == "ATTACK":
-                    attack += n
-                else:
-                    benign += n
-                    failed += req.get("fail", 0)
+                benign += sum(req.values())
+                failed += req.get("fail", 0)
+            # Attack requests as the tables count them (each of a flood burst); a version 1
+            # timeline has only locust's ATTACK events (a burst once).
+            attacks = b.get(tl.ATTACKS) if counts.recorded else b.get("req ATTACK")
+            attack += sum((attacks or {}).values())
+        total = attack + benign
         out.attack_share.append((t, attack / total if total else None))
         out.benign_error_share.append((t, failed / benign if benign else None))
 

@@ -565,6 +565,11 @@ def test_every_figure_of_the_page_is_one_count(tmp_path: Path) -> None:
         f"({t['benign/synthetic']} synthetic, {t['benign/lookalike']} look-alikes)"
     )
     assert t["benign/requests"] == t["benign/synthetic"] + t["benign/lookalike"] == 54
+    # The latency charts' attack share counts requests as the tables do (each of a burst):
+    # seconds 11-15 (the 5 s window before t = 16 s) hold the burst's 12 requests, one content
+    # attack, and 6 benign requests (one a look-alike).
+    share = dict(report.series(report.load_run(tmp_path / "run")).attack_share)
+    assert share[16.0] == pytest.approx(13 / 19)
     # A 45 s run under a soak threshold: no slope, the reason instead, in the gate and table.
     assert page.measured["guard RSS slope"] == "too short to judge (44 s < 120 s)"
     assert "MB/min (gate" not in text
