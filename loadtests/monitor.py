@@ -4,10 +4,11 @@ mark so short peaks are not missed) over time, liveness, and the guard's ``/metr
 report's rejections over time).
 
 Driven by the caller (the locustfile calls :meth:`Monitor.sample` from a greenlet every
-:attr:`Monitor.sample_interval_s`, and :meth:`Monitor.scrape` every :attr:`Monitor.scrape_every`
-samples); nothing here starts a thread. :meth:`Monitor.periods` says how often both actually
-happened (a busy load generator samples later than asked), which the report states. Pids are known when ``schedguard load`` started the
-servers; against a remote ``--host`` only ``/metrics`` is read and RSS is reported as unknown.
+``sample_interval_s``, and :meth:`Monitor.scrape` every ``scrape_every`` samples); nothing here
+starts a thread. :meth:`Monitor.periods` says how often both actually happened (a busy load
+generator samples later than asked), which the report states. Pids are known when ``schedguard
+load`` started the servers; against a remote ``--host`` only ``/metrics`` is read and RSS is
+reported as unknown.
 """
 
 from __future__ import annotations

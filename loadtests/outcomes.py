@@ -132,6 +132,8 @@ def key(class_: str, attack_intent: Intent, status: int, code: str | None, error
 
 @dataclass(frozen=True)
 class Record:
+    """One record's key read back (:func:`parse_key`)."""
+
     class_: str
     intent: Intent
     status: int
