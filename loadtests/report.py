@@ -8,8 +8,8 @@ It shows, from a run's output directory (``slo.json`` or ``report.json``, and
 - how often each series was sampled, stated once, as the monitor measured it;
 - over time: benign latency p50/p99, time to first token and inter-token latency, each with
   the share of requests that attacked behind it; the guard's rejections by code (its
-  ``/metrics``) and the attacks' answers as the client saw them; guard and upstream RSS with
-  their SLO lines;
+  ``/metrics``) and the attack requests by what refused them, as the client saw them; guard
+  and upstream RSS with their SLO lines;
 - attacks by THREATS class and by what refused them (:mod:`loadtests.outcomes`: a content
   check, a budget, a rate or concurrency limit, or nothing), what got through, benign
   failures, the servers as they were when the load ended, links to the other files;
