@@ -900,9 +900,11 @@ def _attack_table(run: Run, counts: Counts, who: str) -> str:
     subtotals per aim and a total (each cell ``data-count`` ``aim/class/category``)."""
     a = counts.attacks
     if not a.requests:
-        if counts.recorded or not run.timeline:
+        if counts.recorded:
             return f"<p>No attacks were sent{_e(who)}.</p>"
-        return f"<p>This run's timeline.json has no attack records (version 1){_e(who)}.</p>"
+        if run.timeline:
+            return f"<p>This run's timeline.json has no attack records (version 1){_e(who)}.</p>"
+        return f"<p>No timeline.json in this run: no attack records{_e(who)}.</p>"
     present = {c for classes in a.table.values() for row in classes.values() for c in row}
     columns = [c for c in outcomes.CATEGORIES if c in present or c in (outcomes.CONTENT,)]
     head = (

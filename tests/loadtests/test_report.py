@@ -237,7 +237,9 @@ def test_report_of_a_run_without_a_timeline(tmp_path: Path) -> None:
     for key in ("mode", "servers", "files"):
         data.pop(key)
     (out / "slo.json").write_text(json.dumps(data))
-    page = _parse(report.build_html(report.load_run(out / "slo.json")))
+    text = report.build_html(report.load_run(out / "slo.json"))
+    page = _parse(text)
+    assert "No timeline.json in this run: no attack records." in text
     assert page.slo_rows == [c["name"] for c in data["checks"]]
     assert "rss" not in page.empty_charts and page.charts["rss"].get("polyline")
     assert {"benign-latency", "attack-answers"} <= page.empty_charts
