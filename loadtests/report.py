@@ -516,11 +516,15 @@ def _numbers_rows(run: Run, counts: Counts) -> list[tuple[str, str]]:
         ),
         (
             "attack requests",
-            f"{_n('attacks/requests', a.requests)}: "
-            f"{_n('attacks/content', a.content_sent)} aimed at content checks, "
-            f"{_n('attacks/flood', a.of(outcomes.FLOOD))} flood requests in "
-            f"{_n('bursts/sent', a.bursts)} bursts; "
-            + (f"{a.requests / everything:.0%} of requests" if everything else "no requests"),
+            (
+                f"{_n('attacks/requests', a.requests)}: "
+                f"{_n('attacks/content', a.content_sent)} aimed at content checks, "
+                f"{_n('attacks/flood', a.of(outcomes.FLOOD))} flood requests in "
+                f"{_n('bursts/sent', a.bursts)} bursts; "
+                + (f"{a.requests / everything:.0%} of requests" if everything else "no requests")
+            )
+            if counts.recorded
+            else "not recorded (this run's timeline.json is older than attack records)",
         ),
         ("guard peak RSS", _e(_mb(n.get("guard_peak_rss_mb")))),
         ("upstream peak RSS", _e(_mb(n.get("upstream_peak_rss_mb")))),

@@ -219,6 +219,7 @@ def test_report_beside_a_no_guard_run(tmp_path: Path) -> None:
     # No guard: nothing rejects; a version 1 timeline: no attack records to draw.
     assert page.empty_charts == {"guard-rejections-compare", "attack-answers-compare"}
     assert "no attack records in this run" in _svg_of(text, "attack-answers-compare")
+    assert "not recorded (this run's timeline.json is older than attack records)" in text
     assert "without the guard (--no-guard)" in text and "upstream gone" in text
     assert "process gone" in text  # the no-guard run's failed health check, in its column
     rss = _svg_of(text, "rss-compare")
