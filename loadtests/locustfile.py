@@ -47,7 +47,7 @@ from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadtests import dashboard, guided, slo
+from loadtests import dashboard, guided, outcomes, slo
 from loadtests import timeline as tl
 from loadtests.httpclient import KeepAlive, Response, send_raw
 from loadtests.monitor import Monitor
@@ -348,6 +348,12 @@ def _rejected(status: int) -> bool:
     return 400 <= status < 500
 
 
+def _record(replay: Replay, resp: Response) -> str:
+    """The attack's answer as a record of loadtests.outcomes (the gate and report read these)."""
+    aim = outcomes.intent(replay.flood, replay.expect_code)
+    return outcomes.key(replay.class_, aim, resp.status, resp.code, resp.error or "")
+
+
 class AttackUser(User):
     """Replays the attack corpus (every THREATS class) in a shuffled round robin."""
 
@@ -386,7 +392,7 @@ class AttackUser(User):
             return
         resp = self._send(replay)
         _tally[f"attack {resp.status or resp.error} {resp.code or '-'}"] += 1
-        _timeline.outcome(time.time(), tl.outcome_label(resp.status, resp.code, resp.error))
+        _timeline.attack(time.time(), _record(replay, resp))
         failure = None
         if not _rejected(resp.status):
             what = f"served {resp.status}" if resp.status else (resp.error or "no response")
@@ -414,12 +420,9 @@ class AttackUser(User):
         for r in refused:
             _tally[f"attack {r.status} {r.code or '-'}"] += 1
         for r in results:
-            when = started + r.elapsed_s
-            if 200 <= r.status < 300:
-                # A flood's requests are valid one by one: the first are served.
-                _timeline.outcome(when, tl.FLOOD_SERVED)
-            else:
-                _timeline.outcome(when, tl.outcome_label(r.status, r.code, r.error))
+            _timeline.attack(started + r.elapsed_s, _record(replay, r))
+        stopped = outcomes.burst_stopped([(r.status, r.code) for r in results])
+        _timeline.burst(started + elapsed, stopped)
         failure = (
             None if refused else f"{replay.id}: flood of {burst} not refused ({admitted} served)"
         )
@@ -600,6 +603,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
         AttackUser.weight = max(1, spec.attack_users)
     global _monitor
     _monitor = Monitor(
+        sample_interval_s=max(0.1, float(opts.sample_interval_s)),
         guard_pid=opts.guard_pid or None,
         upstream_pid=opts.upstream_pid or None,
         guard_url=opts.guard_url or None,
@@ -636,19 +640,18 @@ def _users_by_class(environment: Environment) -> dict[str, int]:
 
 
 def _sample_forever(environment: Environment, monitor: Monitor) -> None:
-    interval = max(0.1, float(_options(environment).sample_interval_s))
     n = 0
     while True:
         try:
             if "start" in _run_window and "stop" not in _run_window:
                 _timeline.sample_users(time.time(), _users_by_class(environment))
             monitor.sample()
-            if n % 2 == 0:
+            if n % monitor.scrape_every == 0:
                 monitor.scrape()
         except Exception as exc:  # keep sampling; the dashboard shows the error
             monitor.metrics_error = f"{type(exc).__name__}: {exc}"[:200]
         n += 1
-        gevent.sleep(interval)
+        gevent.sleep(monitor.sample_interval_s)
 
 
 @_on(events.request)
@@ -693,7 +696,7 @@ def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
     benign_hist: collections.Counter[int] = collections.Counter()
     ttft: collections.Counter[int] = collections.Counter()
     itl: collections.Counter[int] = collections.Counter()
-    for (name, method), entry in stats.entries.items():
+    for (_, method), entry in stats.entries.items():
         if method == "BENIGN":
             benign_hist.update(entry.response_times)
             data.benign_requests += entry.num_requests
@@ -705,12 +708,6 @@ def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
             ttft.update(entry.response_times)
         elif method == "ITL":
             itl.update(entry.response_times)
-        elif method == "ATTACK":
-            sent, ok = entry.num_requests, entry.num_requests - entry.num_failures
-            data.attack_requests += sent
-            data.attack_rejected += ok
-            prev = data.attacks_by_class.get(name, (0, 0))
-            data.attacks_by_class[name] = (prev[0] + sent, prev[1] + ok)
     data.benign_latency_ms = dict(benign_hist)
     data.ttft_ms = dict(ttft)
     data.itl_ms = dict(itl)
@@ -723,6 +720,9 @@ def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
     total = stats.total
     if total.num_requests and total.last_request_timestamp is not None:
         data.duration_s = max(0.0, total.last_request_timestamp - total.start_time)
+    # The attacks from the timeline's records, which timeline.json and the report read too.
+    data.attack_records = tl.attack_records(_timeline.buckets)
+    data.flood_bursts = tl.burst_records(_timeline.buckets)
     data.client_codes = {k: v for k, v in _tally.items() if k.startswith(("attack", "flood"))}
     opts = _options(environment)
     data.target = {
@@ -749,7 +749,9 @@ def _timeline_data(monitor: Monitor | None) -> dict[str, Any]:
     rss: dict[str, list[tuple[float, int]]] = {}
     rejections: list[tuple[float, dict[str, float]]] = []
     died: dict[str, float] = {}
+    periods: dict[str, float] = {}
     if monitor is not None:
+        periods = monitor.periods()
         for w in (monitor.guard, monitor.upstream):
             rss[w.name] = [(monitor.wall(t), b) for t, b in w.series]
             if w.died_at is not None:
@@ -762,6 +764,7 @@ def _timeline_data(monitor: Monitor | None) -> dict[str, Any]:
         rss=rss,
         rejections=rejections,
         died=died,
+        periods=periods,
     )
 
 

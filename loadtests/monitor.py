@@ -3,14 +3,19 @@ mark so short peaks are not missed) over time, liveness, and the guard's ``/metr
 (rejections by code, requests in flight; the rejection counters after each scrape, for the
 report's rejections over time).
 
-Driven by the caller (the locustfile calls :meth:`Monitor.sample` from a greenlet every second
-or so); nothing here starts a thread. Pids are known when ``schedguard load`` started the
-servers; against a remote ``--host`` only ``/metrics`` is read and RSS is reported as unknown.
+Driven by the caller (the locustfile calls :meth:`Monitor.sample` from a greenlet every
+``sample_interval_s``, and :meth:`Monitor.scrape` every ``scrape_every`` samples); nothing here
+starts a thread. :meth:`Monitor.periods` says how often both actually happened (a busy load
+generator samples later than asked), which the report states. Pids are known when ``schedguard
+load`` started the servers; against a remote ``--host`` only ``/metrics`` is read and RSS is
+reported as unknown.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import statistics
 import time
 import urllib.error
 import urllib.request
@@ -96,12 +101,31 @@ class Watched:
                 self._stride *= 2
 
 
+class _Cadence:
+    """How often something actually happened: the median gap between two times (the extra
+    sample taken when the test stops, moments after the last one, does not move it)."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.gaps: collections.deque[float] = collections.deque(maxlen=_MAX_POINTS)
+
+    def tick(self, t: float) -> None:
+        if self.last is not None:
+            self.gaps.append(t - self.last)
+        self.last = t
+
+    def median_gap(self) -> float | None:
+        return statistics.median(self.gaps) if self.gaps else None
+
+
 class Monitor:
     """The servers under test, sampled on demand."""
 
     def __init__(
         self,
         *,
+        sample_interval_s: float = 1.0,
+        scrape_every: int = 2,
         guard_pid: int | None = None,
         upstream_pid: int | None = None,
         guard_url: str | None = None,
@@ -119,6 +143,23 @@ class Monitor:
         self.rejection_series: list[tuple[float, dict[str, float]]] = []
         self.started = time.monotonic()
         self.started_wall = time.time()
+        self.sample_interval_s = sample_interval_s
+        self.scrape_every = max(1, scrape_every)  # /metrics every this many samples
+        self._samples = _Cadence()
+        self._scrapes = _Cadence()
+
+    def periods(self) -> dict[str, float]:
+        """Seconds between RSS samples and between /metrics scrapes: as measured when there
+        were two or more, as asked otherwise (``*_asked_s``)."""
+        out = {
+            "rss_asked_s": self.sample_interval_s,
+            "metrics_asked_s": self.sample_interval_s * self.scrape_every,
+        }
+        for name, cadence in (("rss_s", self._samples), ("metrics_s", self._scrapes)):
+            gap = cadence.median_gap()
+            if gap is not None:
+                out[name] = round(gap, 3)
+        return out
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -129,6 +170,7 @@ class Monitor:
 
     def sample(self) -> None:
         t = self.elapsed()
+        self._samples.tick(t)
         self.guard.sample(t)
         self.upstream.sample(t)
 
@@ -139,7 +181,9 @@ class Monitor:
             with urllib.request.urlopen(self.guard_url + "/metrics", timeout=timeout_s) as resp:
                 self.metrics = parse_guard_metrics(resp.read().decode("utf-8", "replace"))
                 self.metrics_error = None
-            self.rejection_series.append((self.elapsed(), dict(self.metrics.rejections)))
+            t = self.elapsed()
+            self._scrapes.tick(t)
+            self.rejection_series.append((t, dict(self.metrics.rejections)))
             if len(self.rejection_series) > _MAX_POINTS:
                 self.rejection_series = self.rejection_series[::2]
         except (OSError, urllib.error.URLError, ValueError) as exc:

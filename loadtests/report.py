@@ -5,14 +5,20 @@ It shows, from a run's output directory (``slo.json`` or ``report.json``, and
 
 - the verdict of every SLO (threshold, measured, pass/fail/skip);
 - the traffic in numbers (requests, latency percentiles, attacks, peak RSS);
+- how often each series was sampled, stated once, as the monitor measured it;
 - over time: benign latency p50/p99, time to first token and inter-token latency, each with
   the share of requests that attacked behind it; the guard's rejections by code (its
-  ``/metrics``) and the attacks' answers as the client saw them; guard and upstream RSS with
-  their SLO lines;
-- attacks by THREATS class, what got through, benign failures, the servers, links to the
-  other files;
+  ``/metrics``) and the attack requests by what refused them, as the client saw them; guard
+  and upstream RSS with their SLO lines;
+- attacks by THREATS class and by what refused them (:mod:`loadtests.outcomes`: a content
+  check, a budget, a rate or concurrency limit, or nothing), what got through, benign
+  failures, the servers as they were when the load ended, links to the other files;
 - with ``compare`` (e.g. a ``--no-guard`` run's directory): the same side by side, the SLO and
   numbers tables with a column per run and each chart beside its counterpart on the same scales.
+
+Every count on the page (tables, legends, bars) comes from one pass over the run's records
+(:func:`count`: ``timeline.json``'s per-second buckets, the records the SLO gate summed too);
+each table cell and bar carries it as ``data-count`` so a test can check they agree.
 
 Charts are SVG drawn here (:mod:`loadtests.svgchart`); the page has no script and loads
 nothing (styles inline), so it opens offline from a file. Plain Python: no locust import.
@@ -35,15 +41,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtests import slo
+from loadtests import outcomes, slo
+from loadtests import timeline as tl
 from loadtests.svgchart import Band, Bars, HLine, Line, Marker, Point, bar_chart, line_chart
-from loadtests.timeline import FLOOD_SERVED
 
 __all__ = [
     "CHARTS",
+    "Counts",
     "Run",
     "RunSeries",
     "build_html",
+    "count",
     "load_run",
     "main",
     "series",
@@ -77,10 +85,20 @@ _CODE_COLORS = (
     "#79706e",
     "#2f4b7c",
 )
-_SERVED = ("#d62728", "#a50f15", "#ef3b2c")
 _FLOOD_SERVED = "#f4a3a3"
-_NO_ANSWER = ("#222222", "#666666", "#999999")
 _OTHER = "#c7c7c7"
+# What refused an attack request (outcomes.CATEGORIES): refusals cool, what got through red.
+_CATEGORY_COLORS = {
+    outcomes.CONTENT: "#4c78a8",
+    outcomes.BUDGET: "#b279a2",
+    outcomes.RATE: "#eeca3b",
+    outcomes.CONCURRENCY: "#72b7b2",
+    outcomes.SERVED_BEFORE_LIMIT: _FLOOD_SERVED,
+    outcomes.SERVED: "#d62728",
+    outcomes.SERVER_ERROR: "#8c2d04",
+    outcomes.NO_ANSWER: "#222222",
+}
+_INTENT_LABELS = {outcomes.CONTENT_ATTACK: "content checks", outcomes.FLOOD: "a limit (flood)"}
 _TOP_CODES = 10
 _MODE_LABELS = {
     "guard": "with the guard",
@@ -145,6 +163,72 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
 
 
 @dataclass
+class Counts:
+    """Every count the page shows, from one pass over the run's records (:func:`count`)."""
+
+    bar_starts: list[float]
+    bar_seconds: list[float]  # each bar's length within the run
+    benign: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> ok / fail
+    attacks: outcomes.AttackCounts = field(default_factory=outcomes.AttackCounts)
+    answers: dict[str, list[int]] = field(default_factory=dict)  # category -> count per bar
+    rejections: dict[str, list[float]] = field(default_factory=dict)  # code -> count per bar
+    recorded: bool = False  # the timeline holds attack records (version 2 on)
+
+    def benign_total(self, key: str = "") -> int:
+        """Benign requests (synthetic and look-alikes); ``key`` ``fail``: those that failed."""
+        return sum((row.get(key, 0) if key else sum(row.values())) for row in self.benign.values())
+
+
+def _bars(duration: float, width: float) -> tuple[list[float], list[float]]:
+    # A last piece shorter than a tenth of a bar joins the one before; rates are per second of
+    # each bar's own length (the last one may be shorter or longer than the others).
+    n_bars = max(1, math.ceil(duration / width - 0.1))
+    widths = [width] * (n_bars - 1) + [max(1.0, duration - (n_bars - 1) * width)]
+    return [i * width for i in range(n_bars)], widths
+
+
+def count(run: Run) -> Counts:
+    """The run's counts: one pass over ``timeline.json``'s buckets (benign requests, attack
+    records, flood bursts), each put in the bar of its second (those before the start or after
+    the end in the first or last bar: every record is in a bar); the guard's rejections from
+    its scraped counters. Without a timeline (an older run), benign counts from the SLO report."""
+    tl_data = run.timeline or {}
+    duration = max(float(tl_data.get("duration_s") or run.numbers.get("duration_s") or 0.0), 1.0)
+    width = _windows(duration)[2]
+    starts, seconds = _bars(duration, width)
+    out = Counts(starts, seconds)
+    n_bars = len(starts)
+    records: dict[str, int] = {}
+    bursts: dict[str, int] = {}
+    for second, bucket in (tl_data.get("buckets") or {}).items():
+        i = min(max(0, int(int(second) // width)), n_bars - 1)
+        for kind in ("BENIGN", "LOOKALIKE"):
+            for label, n in (bucket.get(f"req {kind}") or {}).items():
+                row = out.benign.setdefault(kind, {})
+                row[label] = row.get(label, 0) + int(n)
+        for text, n in (bucket.get(tl.ATTACKS) or {}).items():
+            records[text] = records.get(text, 0) + int(n)
+            got = outcomes.category(outcomes.parse_key(text))
+            out.answers.setdefault(got, [0] * n_bars)[i] += int(n)
+        for label, n in (bucket.get(tl.BURSTS) or {}).items():
+            bursts[label] = bursts.get(label, 0) + int(n)
+    out.attacks = outcomes.summarize(records, bursts)
+    out.recorded = int(tl_data.get("version") or 0) >= 2
+    out.rejections = _counts_from_counters(tl_data.get("guard_rejections") or [], width, n_bars)
+    if not tl_data:
+        n = run.numbers
+        out.benign = {
+            "BENIGN": _ok_fail(n.get("benign_requests"), n.get("benign_failures")),
+            "LOOKALIKE": _ok_fail(n.get("lookalike_requests"), n.get("lookalike_failures")),
+        }
+    return out
+
+
+def _ok_fail(requests: Any, failures: Any) -> dict[str, int]:
+    return {"ok": int(requests or 0) - int(failures or 0), "fail": int(failures or 0)}
+
+
+@dataclass
 class RunSeries:
     """A run's charts' data, in seconds since the test started."""
 
@@ -161,7 +245,8 @@ class RunSeries:
     bar_starts: list[float] = field(default_factory=list)
     bar_seconds: list[float] = field(default_factory=list)  # each bar's length within the run
     rejections: dict[str, list[float]] = field(default_factory=dict)  # code -> per second
-    answers: dict[str, list[float]] = field(default_factory=dict)  # outcome -> per second
+    answers: dict[str, list[float]] = field(default_factory=dict)  # category -> per second
+    counts: Counts | None = None  # what the rates above were divided from
     has_timeline: bool = False
 
 
@@ -176,17 +261,19 @@ def _windows(duration: float) -> tuple[float, float, float]:
     return step, max(span, step), bar
 
 
-def series(run: Run) -> RunSeries:
+def series(run: Run, counts: Counts | None = None) -> RunSeries:
     """The time series the charts draw, from the run's ``timeline.json`` (RSS falls back to
-    the SLO report's ``rss_series_mb`` for a run without one)."""
+    the SLO report's ``rss_series_mb`` for a run without one); the bars are ``counts`` (the
+    run's :func:`count`) per second of each bar."""
+    counts = counts or count(run)
     numbers = run.numbers
-    tl = run.timeline or {}
-    duration = float(tl.get("duration_s") or numbers.get("duration_s") or 0.0)
+    tl_data = run.timeline or {}
+    duration = float(tl_data.get("duration_s") or numbers.get("duration_s") or 0.0)
     duration = max(duration, 1.0)
     step, span, bar = _windows(duration)
-    out = RunSeries(duration, step, span, bar, has_timeline=bool(tl))
+    out = RunSeries(duration, step, span, bar, has_timeline=bool(tl_data), counts=counts)
     buckets: dict[int, dict[str, dict[str, int]]] = {
-        int(k): v for k, v in (tl.get("buckets") or {}).items()
+        int(k): v for k, v in (tl_data.get("buckets") or {}).items()
     }
     last = math.ceil(duration)
     points = [step * i for i in range(1, int(last // step) + 1)]
@@ -208,55 +295,50 @@ def series(run: Run) -> RunSeries:
             p99.append((t, _quantile(hist, 0.99)))
         out.latency[kind] = {"p50": p50, "p99": p99}
     for t in points:
-        attack = total = benign = failed = 0
+        attack = benign = failed = 0
         for s in window(t):
             b = buckets.get(s, {})
-            for kind in ("BENIGN", "LOOKALIKE", "ATTACK"):
-                counts = b.get(f"req {kind}") or {}
-                n = sum(counts.values())
-                total += n
-                if kind == "ATTACK":
-                    attack += n
-                else:
-                    benign += n
-                    failed += counts.get("fail", 0)
+            for kind in ("BENIGN", "LOOKALIKE"):
+                req = b.get(f"req {kind}") or {}
+                benign += sum(req.values())
+                failed += req.get("fail", 0)
+            # Attack requests as the tables count them (each of a flood burst); a version 1
+            # timeline has only locust's ATTACK events (a burst once).
+            attacks = b.get(tl.ATTACKS) if counts.recorded else b.get("req ATTACK")
+            attack += sum((attacks or {}).values())
+        total = attack + benign
         out.attack_share.append((t, attack / total if total else None))
         out.benign_error_share.append((t, failed / benign if benign else None))
 
-    rss_source = tl.get("rss_mb") or numbers.get("rss_series_mb") or {}
+    rss_source = tl_data.get("rss_mb") or numbers.get("rss_series_mb") or {}
     for name, pts in rss_source.items():
         out.rss[name] = [(float(t), float(v)) for t, v in pts if -1.0 <= float(t) <= duration + 5]
-    out.died = {k: float(v) for k, v in (tl.get("died_s") or {}).items()}
+    out.died = {k: float(v) for k, v in (tl_data.get("died_s") or {}).items()}
     for name in ("guard", "upstream"):
         peak = numbers.get(f"{name}_peak_rss_mb")
         if peak is not None:
             out.peak_rss[name] = float(peak)
 
-    # A last piece shorter than a tenth of a bar joins the one before; rates are per second of
-    # each bar's own length (the last one may be shorter or longer than the others).
-    n_bars = max(1, math.ceil(duration / bar - 0.1))
-    out.bar_starts = [i * bar for i in range(n_bars)]
-    widths = [bar] * (n_bars - 1) + [max(1.0, duration - (n_bars - 1) * bar)]
-    out.bar_seconds = widths
-    out.rejections = _rates_from_counters(tl.get("guard_rejections") or [], bar, widths)
-    answers: dict[str, list[float]] = {}
-    for s, b in buckets.items():
-        i = min(max(0, int(s // bar)), n_bars - 1)
-        for label, n in (b.get("outcome") or {}).items():
-            answers.setdefault(label, [0.0] * n_bars)[i] += n / widths[i]
-    out.answers = answers
+    out.bar_starts, out.bar_seconds = counts.bar_starts, counts.bar_seconds
+    out.rejections = {
+        code: [c / s for c, s in zip(row, counts.bar_seconds, strict=True)]
+        for code, row in counts.rejections.items()
+    }
+    out.answers = {
+        label: [c / s for c, s in zip(row, counts.bar_seconds, strict=True)]
+        for label, row in counts.answers.items()
+    }
     return out
 
 
-def _rates_from_counters(
-    samples: Sequence[Sequence[Any]], width: float, seconds: Sequence[float]
+def _counts_from_counters(
+    samples: Sequence[Sequence[Any]], width: float, n_bars: int
 ) -> dict[str, list[float]]:
-    """Per-second rates per bar from cumulative counters sampled at times ``t``: each
-    increase goes to the bar of the sample that first showed it (it happened since the sample
-    before, at most a scrape interval earlier: never drawn before it happened). Increases seen
-    past the last bar go into it; those seen before the run's start are dropped."""
-    rates: dict[str, list[float]] = {}
-    n_bars = len(seconds)
+    """Counts per bar from cumulative counters sampled at times ``t``: each increase goes to
+    the bar of the sample that first showed it (it happened since the sample before, at most a
+    scrape interval earlier: never drawn before it happened). Increases seen past the last bar
+    go into it; those seen before the run's start are dropped."""
+    counts: dict[str, list[float]] = {}
     for (_, before), (b, after) in itertools.pairwise(samples):
         if float(b) < 0:
             continue
@@ -264,62 +346,53 @@ def _rates_from_counters(
         for code, total in after.items():
             delta = float(total) - float(before.get(code, 0.0))
             if delta > 0:
-                rates.setdefault(code, [0.0] * n_bars)[i] += delta / seconds[i]
-    return rates
+                counts.setdefault(code, [0.0] * n_bars)[i] += delta
+    return counts
 
 
 # ------------------------------------------------------------------------------ colours
 
 
-def _code_of(label: str) -> str:
-    """The error code in an answer label (``429 rate_limited_tokens`` -> ``rate_limited...``)."""
-    head, _, rest = label.partition(" ")
-    return rest if head.isdigit() and rest else label
-
-
 def _colours(runs: Sequence[RunSeries]) -> dict[str, str]:
-    """One colour per code across every chart and run: the most frequent codes get the
-    palette, served answers reds, missing answers greys, the rest 'other'."""
+    """One colour per rejection code across every chart and run: the most frequent codes get
+    the palette, the rest 'other'."""
     totals: dict[str, float] = {}
     for rs in runs:
-        for code, row in rs.rejections.items():
+        for code, row in (rs.counts.rejections if rs.counts else {}).items():
             totals[code] = totals.get(code, 0.0) + sum(row)
-        for label, row in rs.answers.items():
-            totals[_code_of(label)] = totals.get(_code_of(label), 0.0) + sum(row)
-    colours: dict[str, str] = {}
-    served = iter(_SERVED)
-    missing = iter(_NO_ANSWER)
     palette = iter(_CODE_COLORS)
-    for code, _ in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])):
-        if code == FLOOD_SERVED:
-            colours[code] = _FLOOD_SERVED
-        elif code[:1] == "2":
-            colours[code] = next(served, _SERVED[-1])
-        elif code.startswith("no answer"):
-            colours[code] = next(missing, _NO_ANSWER[-1])
-        elif code[:1] == "5":
-            colours[code] = "#8c2d04"
-        else:
-            colours[code] = next(palette, _OTHER)
-    return colours
+    return {
+        code: next(palette, _OTHER)
+        for code, _ in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    }
 
 
 def _stacks(
-    rows: Mapping[str, Sequence[float]], colours: Mapping[str, str], key: Callable[[str], str]
-) -> list[tuple[str, str, list[float]]]:
-    """The rows as bar stacks, biggest first; codes without a colour of their own merged into
-    'other'."""
+    rates: Mapping[str, Sequence[float]],
+    counts: Mapping[str, Sequence[float]],
+    colours: Mapping[str, str],
+) -> tuple[list[tuple[str, str, list[float]]], dict[str, list[float]]]:
+    """The rows as bar stacks, biggest first, and their counts; codes without a colour of
+    their own merged into 'other'."""
     named: list[tuple[str, str, list[float]]] = []
+    named_counts: dict[str, list[float]] = {}
     other: list[float] | None = None
-    for label, row in sorted(rows.items(), key=lambda kv: (-sum(kv[1]), kv[0])):
-        colour = colours.get(key(label), _OTHER)
+    other_counts: list[float] | None = None
+    for label, row in sorted(rates.items(), key=lambda kv: (-sum(counts[kv[0]]), kv[0])):
+        colour = colours.get(label, _OTHER)
         if colour == _OTHER:
             other = [a + b for a, b in zip(other, row, strict=True)] if other else list(row)
+            c = counts[label]
+            other_counts = (
+                [a + b for a, b in zip(other_counts, c, strict=True)] if other_counts else list(c)
+            )
         else:
             named.append((label, colour, list(row)))
-    if other is not None:
+            named_counts[label] = list(counts[label])
+    if other is not None and other_counts is not None:
         named.append(("other", _OTHER, other))
-    return named
+        named_counts["other"] = other_counts
+    return named, named_counts
 
 
 # ------------------------------------------------------------------------------ HTML
@@ -403,55 +476,97 @@ def _who(run: Run, runs: Sequence[Run]) -> str:
     return f"<br><span class='who'>{_e(run.label)}</span>" if len(runs) > 1 else ""
 
 
-def _numbers_rows(n: Mapping[str, Any]) -> list[tuple[str, str]]:
-    slopes = n.get("rss_slope_mb_per_min") or {}
+def _n(key: str, value: float) -> str:
+    """A count as the page shows it, tagged with what it counts (``data-count``)."""
+    return f'<span data-count="{_e(key)}">{value:,.0f}</span>'
+
+
+def _numbers_rows(run: Run, counts: Counts) -> list[tuple[str, str]]:
+    """(label, HTML) rows: counts from ``counts``, latencies and RSS from the SLO report."""
+    n = run.numbers
+    synthetic = sum(counts.benign.get("BENIGN", {}).values())
+    lookalikes = sum(counts.benign.get("LOOKALIKE", {}).values())
+    benign = counts.benign_total()
+    a = counts.attacks
+    everything = benign + a.requests
+    duration = float(n.get("duration_s") or 0.0)
     rows = [
-        ("duration", f"{n.get('duration_s', 0)} s"),
+        ("duration", _e(f"{n.get('duration_s', 0)} s")),
         (
             "benign requests",
-            f"{n.get('benign_requests', 0)} ({n.get('benign_rps', 0)}/s), "
-            f"{n.get('benign_failures', 0)} failed",
+            f"{_n('benign/requests', benign)} ({_n('benign/synthetic', synthetic)} synthetic, "
+            f"{_n('benign/lookalike', lookalikes)} look-alikes"
+            + (f"; {benign / duration:.2f}/s" if duration else "")
+            + f"), {_n('benign/failed', counts.benign_total('fail'))} failed",
         ),
         (
             "benign latency p50 / p95 / p99",
-            f"{_ms(n.get('benign_p50_ms'))} / {_ms(n.get('benign_p95_ms'))} / "
-            f"{_ms(n.get('benign_p99_ms'))}",
+            _e(
+                f"{_ms(n.get('benign_p50_ms'))} / {_ms(n.get('benign_p95_ms'))} / "
+                f"{_ms(n.get('benign_p99_ms'))}"
+            ),
         ),
         (
             "time to first token p50 / p99",
-            f"{_ms(n.get('ttft_p50_ms'))} / {_ms(n.get('ttft_p99_ms'))}",
+            _e(f"{_ms(n.get('ttft_p50_ms'))} / {_ms(n.get('ttft_p99_ms'))}"),
         ),
         (
             "inter-token latency p50 / p99",
-            f"{_ms(n.get('itl_p50_ms'))} / {_ms(n.get('itl_p99_ms'))}",
+            _e(f"{_ms(n.get('itl_p50_ms'))} / {_ms(n.get('itl_p99_ms'))}"),
         ),
         (
-            "benign look-alikes",
-            f"{n.get('lookalike_requests', 0)}, {n.get('lookalike_failures', 0)} failed",
+            "attack requests",
+            (
+                f"{_n('attacks/requests', a.requests)}: "
+                f"{_n('attacks/content', a.content_sent)} aimed at content checks, "
+                f"{_n('attacks/flood', a.of(outcomes.FLOOD))} flood requests in "
+                f"{_n('bursts/sent', a.bursts)} bursts; "
+                + (f"{a.requests / everything:.0%} of requests" if everything else "no requests")
+            )
+            if counts.recorded
+            else "not recorded (this run's timeline.json is older than attack records)",
         ),
-        (
-            "attacks",
-            f"{n.get('attack_requests', 0)} sent, {n.get('attack_rejected', 0)} rejected; "
-            f"{float(n.get('attack_share_of_requests') or 0):.0%} of requests",
-        ),
-        ("guard peak RSS", _mb(n.get("guard_peak_rss_mb"))),
-        ("upstream peak RSS", _mb(n.get("upstream_peak_rss_mb"))),
-        ("upstream at the end", str(n.get("upstream_status") or "-")),
+        ("guard peak RSS", _e(_mb(n.get("guard_peak_rss_mb")))),
+        ("upstream peak RSS", _e(_mb(n.get("upstream_peak_rss_mb")))),
+        ("upstream at the end", _e(n.get("upstream_status") or "-")),
     ]
-    for name, slope in sorted(slopes.items()):
-        rows.append((f"{name} RSS slope", "n/a" if slope is None else f"{slope:+.2f} MB/min"))
+    rows += [(f"{name} RSS slope", _e(text)) for name, text in _slopes(run)]
     return rows
 
 
-def _numbers_table(runs: Sequence[Run]) -> str:
-    per_run = [dict(_numbers_rows(run.numbers)) for run in runs]
-    labels = [label for label, _ in _numbers_rows(runs[0].numbers)]
+def _slopes(run: Run) -> list[tuple[str, str]]:
+    """The RSS slopes, only where the soak gate judges them (a threshold is set), and only
+    over enough samples: a slope over a short run's warm-up is not a trend."""
+    limit = (run.report.get("thresholds") or {}).get("max_rss_slope_mb_per_min")
+    if limit is None:
+        return []
+    n = run.numbers
+    spans = n.get("rss_span_s") or {}
+    shortest = float(n.get("rss_slope_min_s") or slo.MIN_SLOPE_S)
+    out = []
+    for name, slope in sorted((n.get("rss_slope_mb_per_min") or {}).items()):
+        span = float(spans.get(name, n.get("duration_s") or 0.0))
+        if span < shortest:
+            text = slo.too_short(span, shortest)
+        elif slope is None:
+            text = "n/a"
+        else:
+            text = f"{slope:+.2f} MB/min (gate <= {float(limit):g} MB/min)"
+        out.append((name, text))
+    return out
+
+
+def _numbers_table(runs: Sequence[Run], counts: Sequence[Counts]) -> str:
+    per_run = [dict(_numbers_rows(run, c)) for run, c in zip(runs, counts, strict=True)]
+    labels = list(per_run[0])
     for rows in per_run[1:]:
         labels += [k for k in rows if k not in labels]
     head = "<tr><th></th>" + "".join(f"<th>{_e(r.label)}</th>" for r in runs) + "</tr>"
     body = "".join(
         f"<tr><th>{_e(label)}</th>"
-        + "".join(f"<td>{_e(rows.get(label, '-'))}</td>" for rows in per_run)
+        + "".join(
+            f'<td data-run="{i}">{rows.get(label, "-")}</td>' for i, rows in enumerate(per_run)
+        )
         + "</tr>"
         for label in labels
     )
@@ -570,7 +685,7 @@ def _charts(
         *_latency_charts(rs, th, suffix, scales, x_max),
         _rss_chart(rs, th, suffix, scales, x_max),
         _rejections_chart(rs, run, suffix, scales, x_max, colours),
-        _answers_chart(rs, suffix, scales, x_max, colours),
+        _answers_chart(rs, suffix, scales, x_max),
     ]
 
 
@@ -654,7 +769,10 @@ def _rss_chart(
         else:
             off_chart.append(f"{name} {float(limit):,.0f} MB")
     markers = [Marker(f"{k} gone", "#c62828", t) for k, t in sorted(rs.died.items())]
-    rss_note = "Sampled every second by the load generator (psutil); dashed: peak RSS SLOs."
+    rss_note = (
+        "RSS at each of the load generator's samples (how often: Sampling, above the charts); "
+        "dashed: peak RSS SLOs."
+    )
     if off_chart:
         rss_note += " Above the chart: the SLO of " + ", ".join(off_chart) + "."
     return _Chart(
@@ -687,8 +805,9 @@ def _rejections_chart(
     colours: Mapping[str, str],
 ) -> _Chart:
     """The guard's rejections per second by error code, stacked bars."""
-    bars = Bars(rs.bar_starts, rs.bar_width, _stacks(rs.rejections, colours, lambda c: c))
-    totals = {code: _count(row, rs.bar_seconds) for code, row in rs.rejections.items()}
+    counts = rs.counts.rejections if rs.counts else {}
+    stacks, stack_counts = _stacks(rs.rejections, counts, colours)
+    bars = Bars(rs.bar_starts, rs.bar_width, stacks, stack_counts)
     return _Chart(
         f"guard-rejections{suffix}",
         "Guard rejections by code",
@@ -709,50 +828,44 @@ def _rejections_chart(
                 else "no rejections scraped"
             ),
         ),
-        _legend([(f"{label} ({_total(label, totals)})", c, False) for label, c, _ in bars.stacks]),
+        _legend(
+            [(f"{label} ({sum(stack_counts[label]):,.0f})", c, False) for label, c, _ in stacks]
+        ),
     )
 
 
-def _answers_chart(
-    rs: RunSeries,
-    suffix: str,
-    scales: Mapping[str, float],
-    x_max: float,
-    colours: Mapping[str, str],
-) -> _Chart:
-    """What the attack requests got back per second by status and error code, stacked bars."""
-    answers = Bars(rs.bar_starts, rs.bar_width, _stacks(rs.answers, colours, _code_of))
-    totals = {label: _count(row, rs.bar_seconds) for label, row in rs.answers.items()}
+def _answers_chart(rs: RunSeries, suffix: str, scales: Mapping[str, float], x_max: float) -> _Chart:
+    """What refused each attack request, per second, stacked bars (outcomes.CATEGORIES)."""
+    counts = rs.counts.answers if rs.counts else {}
+    order = [c for c in outcomes.CATEGORIES if c in rs.answers]
+    stacks = [(c, _CATEGORY_COLORS[c], rs.answers[c]) for c in order]
+    bars = Bars(
+        rs.bar_starts, rs.bar_width, stacks, {c: [float(n) for n in counts[c]] for c in order}
+    )
+    recorded = rs.counts is not None and rs.counts.recorded
     return _Chart(
         f"attack-answers{suffix}",
-        "Attack answers as the client saw them",
-        "Status and error code of every attack request (each request of a flood burst), "
-        f"per second over {rs.bar_width:g} s bars; reds: served, greys: no answer.",
+        "Attack requests by what refused them",
+        "Every attack request (each request of a flood burst), by what refused it: a content "
+        "check, a budget, a rate or concurrency limit; or served (red; a flood's first requests "
+        f"are served before its limit, pink). Per second over {rs.bar_width:g} s bars.",
         bar_chart(
             f"attack-answers{suffix}",
-            "Attack answers",
-            bars=answers,
+            "Attack requests by what refused them",
+            bars=bars,
             x_max=x_max,
-            y_unit="answers/s",
+            y_unit="requests/s",
             y_max=scales["answers"] * 1.1,
             width=_CHART_W,
             height=_CHART_H,
-            empty_text="no attacks" if rs.has_timeline else "no timeline.json in this run",
+            empty_text=(
+                "no attacks"
+                if recorded
+                else "no attack records in this run (timeline.json before version 2)"
+            ),
         ),
-        _legend(
-            [(f"{label} ({_total(label, totals)})", c, False) for label, c, _ in answers.stacks]
-        ),
+        _legend([(f"{c} ({sum(counts[c]):,})", colour, False) for c, colour, _ in stacks]),
     )
-
-
-def _count(rates: Sequence[float], seconds: Sequence[float]) -> float:
-    return sum(r * s for r, s in zip(rates, seconds, strict=True))
-
-
-def _total(label: str, totals: Mapping[str, float]) -> str:
-    if label == "other":
-        return "rest"
-    return f"{totals.get(label, 0.0):,.0f}"
 
 
 def _scales(all_series: Sequence[RunSeries]) -> dict[str, float]:
@@ -786,51 +899,110 @@ def _figure(chart: _Chart, who: str = "") -> str:
     )
 
 
-def _attack_classes(runs: Sequence[Run]) -> str:
-    classes: list[str] = []
-    for run in runs:
-        classes += [k for k in (run.numbers.get("attacks_by_class") or {}) if k not in classes]
-    if not classes:
-        return "<p>No attacks were sent.</p>"
-    head = "<tr><th>THREATS class</th>" + "".join(
-        f"<th>sent{_who(r, runs)}</th><th>rejected{_who(r, runs)}</th>" for r in runs
+def _attack_table(run: Run, counts: Counts, who: str) -> str:
+    """Attack requests by THREATS class and what each was aimed at, by what refused them;
+    subtotals per aim and a total (each cell ``data-count`` ``aim/class/category``)."""
+    a = counts.attacks
+    if not a.requests:
+        if counts.recorded:
+            return f"<p>No attacks were sent{_e(who)}.</p>"
+        if run.timeline:
+            return f"<p>This run's timeline.json has no attack records (version 1){_e(who)}.</p>"
+        return f"<p>No timeline.json in this run: no attack records{_e(who)}.</p>"
+    present = {c for classes in a.table.values() for row in classes.values() for c in row}
+    columns = [c for c in outcomes.CATEGORIES if c in present or c in (outcomes.CONTENT,)]
+    head = (
+        "<tr><th>THREATS class</th><th>meant to be refused by</th><th>requests</th>"
+        + "".join(f"<th>{_e(c)}</th>" for c in columns)
+        + "</tr>"
     )
-    rows = [head + "</tr>"]
-    for cls in sorted(classes):
-        cells = [f"<td>{_e(cls)}</td>"]
-        for run in runs:
-            v = (run.numbers.get("attacks_by_class") or {}).get(cls)
-            if v is None:
-                cells.append("<td>-</td><td>-</td>")
-                continue
-            bad = v["rejected"] < v["sent"]
-            mark = ' class="num status fail"' if bad else ' class="num"'
-            cells.append(f'<td class="num">{v["sent"]}</td><td{mark}>{v["rejected"]}</td>')
-        rows.append('<tr data-class="' + _e(cls) + '">' + "".join(cells) + "</tr>")
-    return '<table id="attack-classes">' + "".join(rows) + "</table>"
+
+    def cells(prefix: str, row: Mapping[str, int]) -> str:
+        out = []
+        for c in columns:
+            n = row.get(c, 0)
+            wrong = n and _wrong(c)
+            mark = ' class="num status fail"' if wrong else ' class="num"'
+            out.append(f"<td{mark}>{_n(f'{prefix}/{c}', n)}</td>")
+        return "".join(out)
+
+    rows = [head]
+    totals: dict[str, int] = {}
+    for aim in (outcomes.CONTENT_ATTACK, outcomes.FLOOD):
+        classes = a.table.get(aim) or {}
+        subtotal: dict[str, int] = {}
+        for cls, row in sorted(classes.items()):
+            for c, n in row.items():
+                subtotal[c] = subtotal.get(c, 0) + n
+            rows.append(
+                f'<tr data-class="{_e(cls)}"><td>{_e(cls)}</td><td>{_e(_INTENT_LABELS[aim])}</td>'
+                f'<td class="num">{_n(f"{aim}/{cls}/requests", sum(row.values()))}</td>'
+                + cells(f"{aim}/{cls}", row)
+                + "</tr>"
+            )
+        if classes:
+            rows.append(
+                f'<tr class="subtotal"><th colspan="2">all aimed at {_e(_INTENT_LABELS[aim])}'
+                f'</th><td class="num">{_n(f"{aim}/requests", sum(subtotal.values()))}</td>'
+                + cells(aim, subtotal)
+                + "</tr>"
+            )
+        for c, n in subtotal.items():
+            totals[c] = totals.get(c, 0) + n
+    rows.append(
+        '<tr class="total"><th colspan="2">all attack requests</th>'
+        f'<td class="num">{_n("attacks/requests", a.requests)}</td>'
+        + cells("attacks", totals)
+        + "</tr>"
+    )
+    bursts = (
+        f"<p>Flood bursts{_e(who)}: {_n('bursts/sent', a.bursts)} sent, "
+        f"{_n('bursts/stopped', a.bursts_stopped)} stopped by a limit (a budget, rate or "
+        "concurrency limit refused at least one request of the burst).</p>"
+        if a.bursts
+        else ""
+    )
+    return f'<table class="attacks" id="attack-classes">{"".join(rows)}</table>{bursts}'
 
 
-def _code_totals(runs: Sequence[Run]) -> str:
-    codes: list[str] = []
-    for run in runs:
-        codes += [c for c in (run.numbers.get("guard_rejections_by_code") or {}) if c not in codes]
+def _wrong(category: str) -> bool:
+    """Whether an attack answered so is a failure of the guard: anything served or broken (a
+    flood's requests served before its limit are expected: their own category)."""
+    return category in (outcomes.SERVED, outcomes.SERVER_ERROR, outcomes.NO_ANSWER)
+
+
+_ATTACK_NOTE = (
+    "Each request counted once (a flood burst's requests each). A content attack is meant to "
+    "be refused by a content check (the guard's check codes, docs/ERRORS.md); one a budget or "
+    "a rate or concurrency limit refused first was never judged by the checks, so the gate "
+    "(attacks stopped by content checks) counts it apart, not as stopped. A flood is valid "
+    "requests, meant to meet a limit: its first requests are served before it."
+)
+
+
+def _code_totals(runs: Sequence[Run], counts: Sequence[Counts]) -> str:
+    """The guard's rejections by code during each run: the chart's bars summed."""
+    totals = [{code: sum(row) for code, row in c.rejections.items()} for c in counts]
+    codes = sorted(
+        {code for t in totals for code in t}, key=lambda k: (-max(t.get(k, 0) for t in totals), k)
+    )
     if not codes:
         return "<p>No rejections were scraped from a guard.</p>"
-
-    def total(code: str) -> float:
-        return max(
-            float((r.numbers.get("guard_rejections_by_code") or {}).get(code, 0)) for r in runs
-        )
-
-    head = "<tr><th>code</th>" + "".join(f"<th>{_e(r.label)}</th>" for r in runs) + "</tr>"
+    head = (
+        "<tr><th>code</th><th>refused by</th>"
+        + "".join(f"<th>{_e(r.label)}</th>" for r in runs)
+        + "</tr>"
+    )
     rows = "".join(
         f"<tr><td><code>{_e(code)}</code></td>"
+        # /metrics has the code, not the status: a limit's code or else a check's
+        f"<td>{_e(outcomes.refused_by(400, code))}</td>"
         + "".join(
-            f'<td class="num">{float((r.numbers.get("guard_rejections_by_code") or {}).get(code, 0)):g}</td>'
-            for r in runs
+            f'<td class="num" data-run="{i}">{_n(f"rejections/{code}", t.get(code, 0))}</td>'
+            for i, t in enumerate(totals)
         )
         + "</tr>"
-        for code in sorted(codes, key=lambda c: (-total(c), c))
+        for code in codes
     )
     return f'<table id="rejection-totals">{head}{rows}</table>'
 
@@ -862,23 +1034,95 @@ def _failures(run: Run, who: str) -> str:
     return "".join(parts)
 
 
+def _state(server: Mapping[str, Any], died_at: float | None) -> str:
+    """A server's state when the load ended: ``schedguard load`` read its exit status then
+    (``exit``, ``exit_code``); the load generator's monitor saw when it went (``died_s``).
+    Either one saying it was gone wins: a process gone is never shown as running."""
+    exit_text = str(server.get("exit") or "")
+    seen = f", first seen gone {died_at:.1f} s into the run" if died_at is not None else ""
+    if exit_text and exit_text != "running":
+        return f"gone: {exit_text}{seen}"
+    if died_at is not None:
+        code = server.get("exit_code")
+        known = f"exit code {code}" if code is not None else "exit code unknown"
+        return f"gone{seen} ({known})"
+    if exit_text == "running":
+        return "running when the load ended (then stopped by schedguard load)"
+    return "unknown"
+
+
 def _servers(runs: Sequence[Run]) -> str:
     rows = []
     for run in runs:
+        died = (run.timeline or {}).get("died_s") or {}
         for name, s in sorted((run.report.get("servers") or {}).items()):
+            gone_at = died.get(name)
             rows.append(
                 f"<tr><td>{_e(run.label)}</td><td>{_e(name)}</td><td>{_e(s.get('url', ''))}</td>"
                 f"<td class='num'>{_e(s.get('pid', ''))}</td>"
-                f"<td class='num'>{_mb(s.get('peak_rss_mb'))}</td><td>{_e(s.get('exit', ''))}</td>"
-                "</tr>"
+                f"<td class='num'>{_mb(s.get('peak_rss_mb'))}</td>"
+                f'<td data-state="{_e(name)}">'
+                f"{_e(_state(s, None if gone_at is None else float(gone_at)))}</td></tr>"
             )
     if not rows:
         return ""
     return (
         "<h2>Servers</h2><table id='servers'><tr><th>run</th><th>server</th><th>URL</th>"
-        "<th>pid</th><th>peak RSS (0.2 s samples)</th><th>at the end</th></tr>"
+        "<th>pid</th><th>peak RSS</th><th>state when the load ended</th></tr>"
         + "".join(rows)
         + "</table>"
+    )
+
+
+def _period(seconds: float) -> str:
+    return f"{seconds:.2g} s" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _sampling(run: Run, rs: RunSeries) -> str:
+    """How often each series was sampled, as measured, said once for the page."""
+    periods = (run.timeline or {}).get("periods_s") or {}
+    parts = []
+    rss = periods.get("rss_s")
+    if rss is not None:
+        asked = periods.get("rss_asked_s")
+        parts.append(
+            f"RSS every {_period(float(rss))} (median gap"
+            + (f"; asked: {_period(float(asked))})" if asked is not None else ")")
+            + " by the load generator (psutil, the process and its children: the chart's lines)"
+        )
+    elif any(len(p) > 1 for p in rs.rss.values()):
+        gaps = sorted(b[0] - a[0] for pts in rs.rss.values() for a, b in itertools.pairwise(pts))
+        parts.append(
+            f"RSS points {_period(gaps[len(gaps) // 2])} apart (median; this run did not "
+            "record the monitor's period)"
+        )
+    fine = sorted(
+        {
+            float(s["peak_rss_sample_s"])
+            for s in (run.report.get("servers") or {}).values()
+            if s.get("peak_rss_sample_s") is not None
+        }
+    )
+    peak = "peak RSS: the kernel's high-water mark (VmHWM), which holds a peak between samples"
+    if fine:
+        peak += (
+            ", read at each of those samples and every "
+            + " / ".join(_period(f) for f in fine)
+            + " by schedguard load"
+        )
+    parts.append(peak)
+    metrics = periods.get("metrics_s")
+    if metrics is not None:
+        parts.append(f"the guard's /metrics scraped every {_period(float(metrics))} (median gap)")
+    parts.append(
+        "requests: every one, counted in the second it ended; bars of "
+        f"{rs.bar_width:g} s, latency points every {rs.step:g} s over a trailing {rs.span:g} s"
+    )
+    who = f"{run.label}: " if run.label else ""
+    return (
+        f'<p class="sampling" data-sampling="{_e(run.mode)}">{_e(who)}'
+        + _e("; ".join(parts) + ".")
+        + "</p>"
     )
 
 
@@ -914,7 +1158,8 @@ def _files(runs: Sequence[Run], out_dir: Path) -> str:
 def build_html(run: Run, compare: Run | None = None, *, out_dir: Path | None = None) -> str:
     """The report page for ``run`` (and ``compare`` beside it)."""
     runs = [run] if compare is None else [run, compare]
-    all_series = [series(r) for r in runs]
+    all_counts = [count(r) for r in runs]  # the one pass: tables and charts read these
+    all_series = [series(r, c) for r, c in zip(runs, all_counts, strict=True)]
     x_max = max(rs.duration for rs in all_series)
     scales = _scales(all_series)
     colours = _colours(all_series)
@@ -940,6 +1185,12 @@ def build_html(run: Run, compare: Run | None = None, *, out_dir: Path | None = N
     failures = _failures(run, f"({run.label}) " if compare else "")
     if compare is not None:
         failures += _failures(compare, f"({compare.label}) ")
+    sampling = "".join(_sampling(r, rs) for r, rs in zip(runs, all_series, strict=True))
+    attack_tables = "".join(
+        (f"<h3>{_e(r.label)}</h3>" if compare is not None else "")
+        + _attack_table(r, c, f" ({r.label})" if compare is not None else "")
+        for r, c in zip(runs, all_counts, strict=True)
+    )
     directory = out_dir or run.directory
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     title = f"schedguard load report: {verdict.upper()}"
@@ -951,12 +1202,13 @@ def build_html(run: Run, compare: Run | None = None, *, out_dir: Path | None = N
         f'<header><h1>schedguard load report <span class="verdict {verdict}" id="verdict">'
         f"{verdict.upper()}</span></h1>{subtitle}</header>"
         f'<section id="slo"><h2>SLO verdicts</h2>{_slo_table(runs)}</section>'
-        f'<section id="charts"><h2>Over time</h2>{chart_html}</section>'
-        f'<section id="numbers"><h2>Traffic</h2>{_numbers_table(runs)}</section>'
-        '<section id="attacks"><div class="cols">'
-        f"<div><h2>Attacks by class</h2>{_attack_classes(runs)}</div>"
-        f"<div><h2>Guard rejections by code (totals)</h2>{_code_totals(runs)}</div>"
-        f"</div>{failures}</section>"
+        f'<section id="charts"><h2>Over time</h2>'
+        f'<div id="sampling"><h3>Sampling</h3>{sampling}</div>{chart_html}</section>'
+        f'<section id="numbers"><h2>Traffic</h2>{_numbers_table(runs, all_counts)}</section>'
+        f'<section id="attacks"><h2>Attack requests by what refused them</h2>'
+        f'<p class="note">{_e(_ATTACK_NOTE)}</p>{attack_tables}'
+        f"<h2>Guard rejections by code (totals)</h2>{_code_totals(runs, all_counts)}"
+        f"{failures}</section>"
         f"{_servers(runs)}{_files(runs, directory)}"
         f"<footer>schedguard load report, generated {generated}.</footer>"
         "</main></body></html>\n"

@@ -8,11 +8,20 @@ Checks (thresholds in :class:`Thresholds`, all configurable):
 
 - benign p99 latency (the full response) <= ``p99_ms``;
 - benign errors (synthetic traffic and corpus look-alikes) <= ``max_benign_errors`` (0);
-- share of attack requests rejected (a 4xx answer) >= ``min_attack_rejected`` (all of them);
+- attacks stopped by content checks: of the content attacks' requests the checks judged, the
+  share a content check refused >= ``min_attack_rejected`` (all of them). A request a budget,
+  rate or concurrency limit refused first was never judged: it is counted apart, neither
+  contained nor through (:mod:`loadtests.outcomes`); when every one was, the check fails
+  (nothing was shown about the checks);
+- floods stopped by a limit: the share of flood bursts a limit refused at least one request
+  of >= ``min_attack_rejected`` (a limit is what a flood of valid requests is meant to meet;
+  the requests served before it are expected);
 - peak RSS of the guard <= ``max_guard_rss_mb``, of the upstream <= ``max_upstream_rss_mb``;
 - the upstream alive and answering its health check at the end;
 - with a baseline run: benign p99 <= ``max_p99_ratio`` x the baseline's;
-- optionally, the RSS slope of guard and upstream <= ``max_rss_slope_mb_per_min`` (soaks).
+- optionally, the RSS slope of guard and upstream <= ``max_rss_slope_mb_per_min`` (soaks),
+  judged only over at least :data:`MIN_SLOPE_S` seconds of samples (skipped as too short
+  otherwise: a slope over the warm-up measures the warm-up).
 
 A check without data (no guard in front, a remote target without pids) is skipped, not
 passed: the table says so.
@@ -27,7 +36,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from loadtests import outcomes
+
 __all__ = [
+    "MIN_SLOPE_S",
     "Check",
     "Report",
     "RunData",
@@ -37,6 +49,7 @@ __all__ = [
     "percentile",
     "render_table",
     "rss_slope_mb_per_min",
+    "too_short",
 ]
 
 MB = 1 << 20
@@ -47,6 +60,9 @@ _WARMUP_S = 30.0
 _WARMUP_FRACTION = 1 / 3
 _SERIES_POINTS = 240
 _SLOPE_POINTS = 200  # Theil-Sen is quadratic in the points
+# The shortest sampled span whose slope is judged: the warm-up (30 s at least) is left out, and
+# what is left must span long enough that a one-off step is not read as a trend.
+MIN_SLOPE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -74,9 +90,9 @@ class RunData:
     lookalike_failures: int = 0
     ttft_ms: dict[int, int] = field(default_factory=dict)
     itl_ms: dict[int, int] = field(default_factory=dict)
-    attack_requests: int = 0
-    attack_rejected: int = 0
-    attacks_by_class: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # outcomes.key -> count, and flood bursts (outcomes.BURST_STOPPED / BURST_THROUGH) -> count
+    attack_records: dict[str, int] = field(default_factory=dict)
+    flood_bursts: dict[str, int] = field(default_factory=dict)
     attack_failures: list[str] = field(default_factory=list)
     benign_failure_samples: list[str] = field(default_factory=list)
     guard_peak_rss: int | None = None
@@ -217,18 +233,28 @@ def _limit(name: str, measured: float | None, limit: float | None, text: str, sh
 def evaluate(data: RunData, th: Thresholds) -> Report:
     p99 = percentile(data.benign_latency_ms, 0.99)
     ratio = _p99_ratio(p99, th)
-    slopes = {name: rss_slope_mb_per_min(s) for name, s in sorted(data.rss_series.items())}
+    spans = {name: _span(s) for name, s in sorted(data.rss_series.items())}
+    slopes = {
+        name: rss_slope_mb_per_min(s) if spans[name] >= MIN_SLOPE_S else None
+        for name, s in sorted(data.rss_series.items())
+    }
+    attacks = outcomes.summarize(data.attack_records, data.flood_bursts)
     checks = [
         _p99_check(p99, th),
         _benign_errors_check(data, th),
-        _attacks_rejected_check(data, th),
+        _content_attacks_check(attacks, th),
+        _floods_check(attacks, th),
         *_peak_rss_checks(data, th),
         _upstream_alive_check(data, th),
     ]
     if ratio is not None:
         checks.append(_p99_ratio_check(p99, ratio, th))
-    checks.extend(_rss_slope_checks(slopes, th))
-    return Report(checks, _numbers(data, p99, ratio, slopes), th)
+    checks.extend(_rss_slope_checks(slopes, spans, th))
+    return Report(checks, _numbers(data, p99, ratio, slopes, spans, attacks), th)
+
+
+def _span(series: Sequence[tuple[float, int]]) -> float:
+    return series[-1][0] - series[0][0] if series else 0.0
 
 
 def _p99_ratio(p99: float | None, th: Thresholds) -> float | None:
@@ -251,19 +277,46 @@ def _benign_errors_check(data: RunData, th: Thresholds) -> Check:
     return Check(
         "benign errors",
         f"<= {th.max_benign_errors}",
-        f"{errors} of {total}",
+        f"{errors} of {total} ({data.benign_requests} synthetic, "
+        f"{data.lookalike_requests} look-alikes)",
         "pass" if errors <= th.max_benign_errors else "fail",
     )
 
 
-def _attacks_rejected_check(data: RunData, th: Thresholds) -> Check:
-    if not data.attack_requests:
-        return Check("attacks rejected", f">= {th.min_attack_rejected:.0%}", "none sent", "skip")
-    share = data.attack_rejected / data.attack_requests
+CONTENT_CHECK = "attacks stopped by content checks"
+FLOOD_CHECK = "floods stopped by a limit"
+
+
+def _content_attacks_check(attacks: outcomes.AttackCounts, th: Thresholds) -> Check:
+    threshold = f">= {th.min_attack_rejected:.0%} of those judged"
+    if not attacks.content_sent:
+        return Check(CONTENT_CHECK, threshold, "none sent", "skip")
+    judged, stopped, limited = (
+        attacks.content_judged,
+        attacks.content_stopped,
+        attacks.content_limited,
+    )
+    aside = f"; {limited} refused by a limit first, not judged" if limited else ""
+    if not judged:
+        return Check(CONTENT_CHECK, threshold, f"none reached the checks{aside}", "fail")
+    share = stopped / judged
     return Check(
-        "attacks rejected",
-        f">= {th.min_attack_rejected:.0%}",
-        f"{share:.1%} ({data.attack_rejected}/{data.attack_requests})",
+        CONTENT_CHECK,
+        threshold,
+        f"{share:.1%} ({stopped}/{judged}){aside}",
+        "pass" if share >= th.min_attack_rejected else "fail",
+    )
+
+
+def _floods_check(attacks: outcomes.AttackCounts, th: Thresholds) -> Check:
+    threshold = f">= {th.min_attack_rejected:.0%} of bursts"
+    if not attacks.bursts:
+        return Check(FLOOD_CHECK, threshold, "none sent", "skip")
+    share = attacks.bursts_stopped / attacks.bursts
+    return Check(
+        FLOOD_CHECK,
+        threshold,
+        f"{share:.1%} ({attacks.bursts_stopped}/{attacks.bursts} bursts)",
         "pass" if share >= th.min_attack_rejected else "fail",
     )
 
@@ -311,19 +364,25 @@ def _p99_ratio_check(p99: float | None, ratio: float, th: Thresholds) -> Check:
     )
 
 
-def _rss_slope_checks(slopes: Mapping[str, float | None], th: Thresholds) -> list[Check]:
+def too_short(span_s: float, shortest_s: float = MIN_SLOPE_S) -> str:
+    """What a slope over ``span_s`` seconds of samples says instead of a number."""
+    return f"too short to judge ({span_s:.0f} s < {shortest_s:.0f} s)"
+
+
+def _rss_slope_checks(
+    slopes: Mapping[str, float | None], spans: Mapping[str, float], th: Thresholds
+) -> list[Check]:
     if th.max_rss_slope_mb_per_min is None:
         return []
-    return [
-        _limit(
-            f"{name} RSS slope",
-            slope,
-            th.max_rss_slope_mb_per_min,
-            f"<= {th.max_rss_slope_mb_per_min:g} MB/min",
-            "n/a" if slope is None else f"{slope:+.2f} MB/min",
-        )
-        for name, slope in slopes.items()
-    ]
+    text = f"<= {th.max_rss_slope_mb_per_min:g} MB/min"
+    checks = []
+    for name, slope in slopes.items():
+        if spans[name] < MIN_SLOPE_S:
+            checks.append(Check(f"{name} RSS slope", text, too_short(spans[name]), "skip"))
+            continue
+        shown = "n/a" if slope is None else f"{slope:+.2f} MB/min"
+        checks.append(_limit(f"{name} RSS slope", slope, th.max_rss_slope_mb_per_min, text, shown))
+    return checks
 
 
 def _numbers(
@@ -331,10 +390,12 @@ def _numbers(
     p99: float | None,
     ratio: float | None,
     slopes: Mapping[str, float | None],
+    spans: Mapping[str, float],
+    attacks: outcomes.AttackCounts,
 ) -> dict[str, Any]:
     """The run's figures as report.json records them."""
     benign_rps = data.benign_requests / data.duration_s if data.duration_s else 0.0
-    all_requests = data.benign_requests + data.lookalike_requests + data.attack_requests
+    all_requests = data.benign_requests + data.lookalike_requests + attacks.requests
     return {
         "duration_s": round(data.duration_s, 1),
         "benign_requests": data.benign_requests,
@@ -350,14 +411,11 @@ def _numbers(
         "ttft_p99_ms": percentile(data.ttft_ms, 0.99),
         "itl_p50_ms": percentile(data.itl_ms, 0.5),
         "itl_p99_ms": percentile(data.itl_ms, 0.99),
-        "attack_requests": data.attack_requests,
-        "attack_rejected": data.attack_rejected,
+        "attack_requests": attacks.requests,
         "attack_share_of_requests": (
-            round(data.attack_requests / all_requests, 3) if all_requests else 0.0
+            round(attacks.requests / all_requests, 3) if all_requests else 0.0
         ),
-        "attacks_by_class": {
-            k: {"sent": v[0], "rejected": v[1]} for k, v in sorted(data.attacks_by_class.items())
-        },
+        "attacks": attacks.to_dict(),
         "attacks_not_rejected": data.attack_failures[:50],
         "benign_failure_samples": data.benign_failure_samples[:20],
         "guard_peak_rss_mb": None
@@ -368,7 +426,10 @@ def _numbers(
         ),
         "upstream_alive": data.upstream_alive,
         "upstream_status": data.upstream_status,
+        # None when the samples span less than MIN_SLOPE_S (rss_span_s says how long they did)
         "rss_slope_mb_per_min": {k: None if v is None else round(v, 3) for k, v in slopes.items()},
+        "rss_span_s": {k: round(v, 1) for k, v in spans.items()},
+        "rss_slope_min_s": MIN_SLOPE_S,
         "rss_series_mb": {k: _thin(v) for k, v in sorted(data.rss_series.items())},
         "guard_rejections_by_code": dict(sorted(data.guard_rejections.items())),
         "client_codes": dict(sorted(data.client_codes.items())),

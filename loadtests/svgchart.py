@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -78,11 +78,14 @@ class Marker:
 
 @dataclass(frozen=True)
 class Bars:
-    """Stacked bars: ``starts[i]`` to ``starts[i] + width`` carries ``stacks[label][i]``."""
+    """Stacked bars: ``starts[i]`` to ``starts[i] + width`` carries ``stacks[label][i]``;
+    ``counts[label][i]``, when given, is what that height was computed from (each rectangle
+    carries it as ``data-count``, so a page can be checked against its tables)."""
 
     starts: Sequence[float]
     width: float
     stacks: Sequence[tuple[str, str, Sequence[float]]] = field(default_factory=tuple)
+    counts: Mapping[str, Sequence[float]] = field(default_factory=dict)
 
 
 def nice_ticks(hi: float, n: int = 5) -> list[float]:
@@ -322,8 +325,13 @@ def bar_chart(
             y_top, y_bottom = frame.y(base + v), frame.y(base)
             base += v
             tip = f"{label}: {_fmt(v)} {y_unit} ({format_seconds(start, x_max)}+)"
+            data = f' data-series="{html.escape(label, quote=True)}"'
+            if label in bars.counts:
+                n = bars.counts[label][i]
+                tip += f", {n:g} in all"
+                data += f' data-count="{n:g}"'
             body.append(
-                f'<rect class="bar" x="{x_a + gap / 2:.1f}" y="{y_top:.1f}" '
+                f'<rect class="bar"{data} x="{x_a + gap / 2:.1f}" y="{y_top:.1f}" '
                 f'width="{max(0.5, x_b - x_a - gap):.1f}" height="{max(0.5, y_bottom - y_top):.1f}" '
                 f'fill="{color}"><title>{html.escape(tip)}</title></rect>'
             )

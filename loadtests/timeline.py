@@ -6,10 +6,12 @@ Two sources, one file (``timeline.json``):
   distributed mode, drained into its stats reports and merged on the master, like the tally):
   the ok/failed count of each request type (``BENIGN``, ``TTFT``, ``ITL``, ``LOOKALIKE``,
   ``ATTACK``) and the latency histogram of its successful requests (a request refused in 1 ms
-  because the upstream died is an error, not a fast answer), and the attacks' answers by
-  status and error code as the client saw them (``outcome``);
+  because the upstream died is an error, not a fast answer); every attack request's answer as
+  a record of :mod:`loadtests.outcomes` (``attack``: class, intent, status and code), and each
+  flood burst stopped by a limit or not (``flood burst``);
 - the master's samples: users by class, guard and upstream RSS, and the guard's rejection
-  counters from its ``/metrics`` (cumulative, by code).
+  counters from its ``/metrics`` (cumulative, by code), with the periods the monitor sampled
+  and scraped at.
 
 Buckets are keyed by the wall-clock second (``int(time.time())``) as text, so workers need not
 know when the run started and msgpack carries them as they are; times of the samples are
@@ -24,22 +26,27 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtests import outcomes
+
 __all__ = [
-    "FLOOD_SERVED",
+    "ATTACKS",
+    "BURSTS",
     "KINDS",
-    "OUTCOME",
     "VERSION",
     "Timeline",
+    "attack_records",
     "bucket_ms",
     "build",
-    "outcome_label",
+    "burst_records",
     "write",
 ]
 
-VERSION = 1
+# 2: attack answers as outcomes records (``attack``, ``flood burst``) instead of bare
+# status labels (``outcome``), and the sampling periods.
+VERSION = 2
 KINDS = ("BENIGN", "TTFT", "ITL", "LOOKALIKE", "ATTACK")
-OUTCOME = "outcome"
-FLOOD_SERVED = "flood: served before the limit"
+ATTACKS = "attack"
+BURSTS = "flood burst"
 Buckets = dict[str, dict[str, dict[str, int]]]
 # Master-side samples are thinned (every other one dropped) past this many points.
 _MAX_SAMPLES = 4000
@@ -55,14 +62,6 @@ def bucket_ms(ms: float) -> int:
     if ms < 10000:
         return int(round(ms, -2))
     return int(round(ms, -3))
-
-
-def outcome_label(status: int, code: str | None, error: str | None = None) -> str:
-    """An attack's answer as the client saw it: ``429 rate_limited_tokens``, ``200``,
-    ``no answer: timeout``."""
-    if status:
-        return f"{status} {code}" if code else str(status)
-    return f"no answer: {(error or 'unknown').split(':', 1)[0][:40]}"
 
 
 class Timeline:
@@ -86,9 +85,15 @@ class Timeline:
         key = "fail" if failed else "ok"
         counts[key] = counts.get(key, 0) + 1
 
-    def outcome(self, when: float, label: str, n: int = 1) -> None:
-        counts = self._series(when, OUTCOME)
-        counts[label] = counts.get(label, 0) + n
+    def attack(self, when: float, record: str, n: int = 1) -> None:
+        """An attack request's answer: an :func:`loadtests.outcomes.key`."""
+        counts = self._series(when, ATTACKS)
+        counts[record] = counts.get(record, 0) + n
+
+    def burst(self, when: float, stopped: bool) -> None:
+        counts = self._series(when, BURSTS)
+        label = outcomes.BURST_STOPPED if stopped else outcomes.BURST_THROUGH
+        counts[label] = counts.get(label, 0) + 1
 
     def drain(self) -> Buckets:
         """The buckets so far, emptied (a worker sends them with its stats report)."""
@@ -121,10 +126,11 @@ def build(
     rss: Mapping[str, Sequence[tuple[float, int]]] | None = None,
     rejections: Sequence[tuple[float, Mapping[str, float]]] = (),
     died: Mapping[str, float] | None = None,
+    periods: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """``timeline.json``'s content: times in seconds since ``t0`` (the test's start), buckets
     keyed by that offset, RSS in MB. ``rss``, ``rejections`` and ``died`` (when a server was
-    first seen gone) carry epoch times."""
+    first seen gone) carry epoch times; ``periods`` the monitor's (``rss_s``, ``metrics_s``)."""
     buckets = {
         str(int(second) - int(t0)): bucket
         for second, bucket in sorted(timeline.buckets.items(), key=lambda kv: int(kv[0]))
@@ -142,7 +148,25 @@ def build(
         },
         "guard_rejections": _relative(((t, dict(sorted(c.items()))) for t, c in rejections), t0),
         "died_s": {name: round(t - t0, 2) for name, t in sorted((died or {}).items())},
+        "periods_s": dict(sorted((periods or {}).items())),
     }
+
+
+def attack_records(buckets: Mapping[str, Mapping[str, Mapping[str, int]]]) -> dict[str, int]:
+    """Every attack record of the run, summed over its seconds (the gate's input)."""
+    out: dict[str, int] = {}
+    for bucket in buckets.values():
+        for record, n in (bucket.get(ATTACKS) or {}).items():
+            out[record] = out.get(record, 0) + int(n)
+    return out
+
+
+def burst_records(buckets: Mapping[str, Mapping[str, Mapping[str, int]]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for bucket in buckets.values():
+        for label, n in (bucket.get(BURSTS) or {}).items():
+            out[label] = out.get(label, 0) + int(n)
+    return out
 
 
 def write(path: str | Path, data: Mapping[str, Any]) -> None:

@@ -473,7 +473,9 @@ def _servers_info(servers: Sequence[Any]) -> dict[str, Any]:
             "url": s.url,
             "pid": s.proc.pid,
             "peak_rss_mb": round(s.sampler.peak_bytes / MB, 1),
+            "peak_rss_sample_s": s.sampler.interval_s,  # the report states this sampler's period
             "exit": s.exit_description() if s.proc.poll() is not None else "running",
+            "exit_code": s.proc.returncode,
             "died_of_memory": s.died_of_memory() if s.proc.poll() is not None else False,
         }
     return info

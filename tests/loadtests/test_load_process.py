@@ -21,7 +21,9 @@ import psutil
 import pytest
 
 import loadtests
+from loadtests import outcomes
 from loadtests import report as load_report
+from loadtests import timeline as tl
 from schedguard.servers import RunningServer, ServerSpec, free_port, schedguard_argv
 from tests import _chromium
 
@@ -130,7 +132,9 @@ def test_schedguard_load_runs_gates_and_reports(tmp_path: Path) -> None:
     assert report["passed"] is True and report["mode"] == "guard"
     n = report["numbers"]
     assert n["benign_requests"] > 0 and n["benign_failures"] == 0
-    assert n["attack_requests"] > 0 and n["attack_rejected"] == n["attack_requests"]
+    attacks = n["attacks"]
+    assert n["attack_requests"] > 0
+    assert attacks["content_stopped"] + attacks["content_limited"] == attacks["content_sent"]
     assert n["guard_rejections_by_code"]  # scraped from the guard's /metrics
     assert n["guard_peak_rss_mb"] > 0 and n["upstream_peak_rss_mb"] > 0
     assert n["ttft_p99_ms"] is not None  # streams were timed
@@ -153,7 +157,13 @@ def test_schedguard_load_runs_gates_and_reports(tmp_path: Path) -> None:
     assert "no timeline.json" not in html and "<script" not in html
     timeline = json.loads((out / "timeline.json").read_text())
     kinds = {key for bucket in timeline["buckets"].values() for key in bucket}
-    assert {"lat BENIGN", "req ATTACK", "outcome"} <= kinds
+    assert {"lat BENIGN", "req ATTACK", tl.ATTACKS} <= kinds
+    # The monitor's periods as it measured them, stated on the page.
+    periods = timeline["periods_s"]
+    assert (
+        periods["rss_asked_s"] == 1.0
+        and f"RSS every {load_report._period(periods['rss_s'])}" in html
+    )
     assert timeline["rss_mb"]["guard"] and timeline["guard_rejections"][-1][1]
     assert {s["exit"] for s in report["servers"].values()} == {"running"}
     deadline = time.monotonic() + 5
@@ -294,10 +304,15 @@ def test_distributed_master_two_workers_with_dashboard(
     report = json.loads(slo_json.read_text())
     n = report["numbers"]
     assert n["benign_requests"] > 0 and n["attack_requests"] > 0
-    assert n["attack_rejected"] == n["attack_requests"]
+    attacks = n["attacks"]
+    assert attacks["content_stopped"] + attacks["content_limited"] == attacks["content_sent"]
     assert n["client_codes"]  # the workers' tallies reached the master
     timeline = json.loads((tmp_path / "timeline.json").read_text())  # and their timelines
     benign = sum(sum(b.get("req BENIGN", {}).values()) for b in timeline["buckets"].values())
     assert benign == n["benign_requests"]
+    # The gate judged the attacks on the records timeline.json holds: the workers' own.
+    records = tl.attack_records(timeline["buckets"])
+    assert sum(records.values()) == n["attack_requests"] > 0
+    assert outcomes.summarize(records).to_dict()["by_intent"] == attacks["by_intent"]
     assert any(counts.get("benign") for _, counts in timeline["users"])
     assert all(w.returncode == 0 for w in workers)

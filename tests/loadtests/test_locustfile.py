@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from guard.telemetry import GuardMetrics
-from loadtests import dashboard, shapes, slo
+from loadtests import dashboard, outcomes, shapes, slo
 from loadtests.httpclient import KeepAlive, error_code, send_raw
 from loadtests.monitor import Monitor, Watched, parse_guard_metrics
 from loadtests.prompts import BenignMix, make_request
@@ -114,14 +114,18 @@ def test_shape_validation() -> None:
 # ------------------------------------------------------------------------------ SLO gate
 
 
+_REFUSED = outcomes.key("fan_out", outcomes.CONTENT_ATTACK, 400, "n_exceeded")
+_SERVED = outcomes.key("fan_out", outcomes.CONTENT_ATTACK, 200, None)
+_LIMITED = outcomes.key("fan_out", outcomes.CONTENT_ATTACK, 429, "rate_limited_tokens")
+
+
 def _passing() -> slo.RunData:
     return slo.RunData(
         duration_s=60,
         benign_latency_ms={100: 90, 500: 9, 2000: 1},
         benign_requests=100,
-        attack_requests=40,
-        attack_rejected=40,
-        attacks_by_class={"fan_out": (40, 40)},
+        attack_records={_REFUSED: 40},
+        flood_bursts={outcomes.BURST_STOPPED: 2},
         guard_peak_rss=100 * MB,
         upstream_peak_rss=200 * MB,
         upstream_alive=True,
@@ -158,7 +162,9 @@ def test_gate_passes_and_renders() -> None:
     [
         ({"benign_failures": 1}, "benign errors"),
         ({"lookalike_failures": 1}, "benign errors"),
-        ({"attack_rejected": 39}, "attacks rejected"),
+        ({"attack_records": {_REFUSED: 39, _SERVED: 1}}, slo.CONTENT_CHECK),
+        ({"attack_records": {_LIMITED: 40}}, slo.CONTENT_CHECK),  # none reached the checks
+        ({"flood_bursts": {outcomes.BURST_STOPPED: 1, outcomes.BURST_THROUGH: 1}}, slo.FLOOD_CHECK),
         ({"guard_peak_rss": 151 * MB}, "guard peak RSS"),
         ({"upstream_peak_rss": 600 * MB}, "upstream peak RSS"),
         ({"upstream_alive": False}, "upstream healthy at end"),
@@ -179,13 +185,55 @@ def test_missing_data_is_skipped_not_passed() -> None:
     data = _passing()
     data.guard_peak_rss = None
     data.upstream_alive = None
-    data.attack_requests = data.attack_rejected = 0
+    data.attack_records, data.flood_bursts = {}, {}
     report = slo.evaluate(data, slo.Thresholds())
     status = {c.name: c.status for c in report.checks}
     assert status["guard peak RSS"] == "skip"
     assert status["upstream healthy at end"] == "skip"
-    assert status["attacks rejected"] == "skip"
+    assert status[slo.CONTENT_CHECK] == status[slo.FLOOD_CHECK] == "skip"
     assert report.passed
+
+
+def test_an_attack_a_limit_refused_is_not_counted_as_stopped_by_the_checks() -> None:
+    """The content SLO is judged on the requests that reached the checks: the rate-limited
+    ones are said apart, neither stopped nor through."""
+    data = _passing()
+    data.attack_records = {
+        _REFUSED: 6,
+        _LIMITED: 3,
+        outcomes.key("volume", outcomes.FLOOD, 200, None): 4,  # served before the limit
+        outcomes.key("volume", outcomes.FLOOD, 429, "concurrency_limited"): 26,
+    }
+    report = slo.evaluate(data, slo.Thresholds())
+    check = next(c for c in report.checks if c.name == slo.CONTENT_CHECK)
+    assert check.status == "pass"
+    assert check.measured == "100.0% (6/6); 3 refused by a limit first, not judged"
+    attacks = report.numbers["attacks"]
+    assert attacks["requests"] == 39 and attacks["content_limited"] == 3
+    assert attacks["by_intent"]["flood"]["volume"] == {
+        outcomes.SERVED_BEFORE_LIMIT: 4,
+        outcomes.CONCURRENCY: 26,
+    }
+    data.attack_records[_SERVED] = 1
+    failed = slo.evaluate(data, slo.Thresholds())
+    assert [c.name for c in failed.checks if c.status == "fail"] == [slo.CONTENT_CHECK]
+
+
+def test_what_refused_an_attack() -> None:
+    assert outcomes.refused_by(400, "json_depth_exceeded") == outcomes.CONTENT
+    assert outcomes.refused_by(429, "rate_limited_tokens") == outcomes.RATE
+    assert outcomes.refused_by(400, "request_exceeds_token_budget") == outcomes.BUDGET
+    assert outcomes.refused_by(503, "server_busy") == outcomes.CONCURRENCY
+    assert outcomes.refused_by(502, "upstream_error") == outcomes.SERVER_ERROR
+    assert outcomes.refused_by(200, None) == outcomes.SERVED
+    assert outcomes.refused_by(0, None) == outcomes.NO_ANSWER
+    # What each corpus attack is meant to meet: floods a limit, the others a content check.
+    aims = {(a.flood, outcomes.intent(a.flood, a.expect_code)) for a in load_attacks()}
+    assert aims == {(True, outcomes.FLOOD), (False, outcomes.CONTENT_ATTACK)}
+    record = outcomes.parse_key(outcomes.key("volume", outcomes.FLOOD, 0, None, "timeout: x"))
+    assert record.answer == "no answer: timeout" and outcomes.category(record) == "no answer"
+    assert outcomes.burst_stopped([(200, None), (429, "rate_limited_requests")])
+    assert not outcomes.burst_stopped([(200, None), (400, "invalid_json")])
 
 
 def test_baseline_ratio_and_rss_slope(tmp_path: Path) -> None:
@@ -206,6 +254,12 @@ def test_baseline_ratio_and_rss_slope(tmp_path: Path) -> None:
     data.rss_series = {"guard": series}
     gated = slo.evaluate(data, slo.Thresholds(max_rss_slope_mb_per_min=0.5))
     assert any(c.name == "guard RSS slope" and c.status == "fail" for c in gated.checks)
+    # Under two minutes of samples the slope is not judged (nor shown as a number).
+    data.rss_series = {"guard": [(float(t), 100 * MB + t * MB) for t in range(0, 46)]}
+    short = slo.evaluate(data, slo.Thresholds(max_rss_slope_mb_per_min=0.5))
+    check = next(c for c in short.checks if c.name == "guard RSS slope")
+    assert (check.status, check.measured) == ("skip", "too short to judge (45 s < 120 s)")
+    assert short.numbers["rss_slope_mb_per_min"] == {"guard": None}
     assert slo.rss_slope_mb_per_min([(0, 1)]) is None
 
 
