@@ -46,7 +46,7 @@ from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadtests import dashboard, guided, slo
+from loadtests import dashboard, guided, progress, slo
 from loadtests import timeline as tl
 from loadtests.httpclient import KeepAlive, Response, send_raw
 from loadtests.monitor import Monitor
@@ -182,6 +182,14 @@ def _arguments(parser: LocustArgumentParser) -> None:
         "--slo-skip-upstream-check", action="store_true", help="do not require a live upstream"
     )
     s.add_argument("--slo-json", default="", help="write the SLO report here")
+    s.add_argument(
+        "--progress-json",
+        default="",
+        help="write the run's progress here every --progress-interval-s (schedguard load shows it)",
+    )
+    s.add_argument(
+        "--progress-interval-s", type=float, default=2.0, help="period of --progress-json"
+    )
     s.add_argument(
         "--timeline-json",
         default="",
@@ -605,6 +613,8 @@ def _on_init(environment: Environment, **_: Any) -> None:
     if environment.web_ui is not None:
         dashboard.install(environment, lambda: _live_status(environment))
     gevent.spawn(_sample_forever, environment, _monitor)
+    if opts.progress_json:
+        gevent.spawn(_progress_forever, environment)
 
 
 _USER_CLASSES = {
@@ -646,6 +656,38 @@ def _sample_forever(environment: Environment, monitor: Monitor) -> None:
             monitor.metrics_error = f"{type(exc).__name__}: {exc}"[:200]
         n += 1
         gevent.sleep(interval)
+
+
+def _progress(environment: Environment, report: slo.Report, *, final: bool) -> None:
+    """The report's numbers so far as ``--progress-json`` (:mod:`loadtests.progress`)."""
+    opts = _options(environment)
+    start = _run_window.get("start")
+    if start is None:
+        return
+    run_time = getattr(opts, "run_time", None)
+    snapshot = progress.of_numbers(
+        report.numbers,
+        elapsed_s=_run_window.get("stop", time.time()) - start,
+        total_s=float(run_time) if run_time else None,
+        users=_users_by_class(environment),
+        final=final,
+    )
+    progress.write(opts.progress_json, snapshot)
+
+
+def _progress_forever(environment: Environment) -> None:
+    opts = _options(environment)
+    interval = max(0.2, float(opts.progress_interval_s))
+    while True:
+        gevent.sleep(interval)
+        if "start" not in _run_window or "stop" in _run_window:
+            continue
+        try:
+            # The gate's own evaluation of the records so far: the same numbers, not a copy.
+            report = slo.evaluate(collect(environment, _monitor), _thresholds(opts))
+            _progress(environment, report, final=False)
+        except Exception as exc:  # progress is a view: never let it stop the run
+            print(f"progress: {type(exc).__name__}: {exc}", flush=True)
 
 
 @_on(events.request)
@@ -793,6 +835,8 @@ def _gate(environment: Environment, **_: Any) -> None:
         report.write_json(opts.slo_json)
     if opts.timeline_json:
         tl.write(opts.timeline_json, _timeline_data(monitor))
+    if opts.progress_json:
+        _progress(environment, report, final=True)
     environment.process_exit_code = 0 if report.passed else 1
     if monitor is not None:
         monitor.close()

@@ -29,6 +29,7 @@ import math
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,15 @@ from typing import Any
 
 from schedguard._argtypes import fraction, non_negative_float, positive_float, positive_int
 
-__all__ = ["COSTS", "add_parser", "locust_argv", "run", "split_users", "upstream_main"]
+__all__ = [
+    "COSTS",
+    "add_parser",
+    "locust_argv",
+    "progress_interval",
+    "run",
+    "split_users",
+    "upstream_main",
+]
 
 # Simulated step times (seconds): a decode step of a mid-size model on one GPU takes ~12 ms plus
 # a little per sequence in the batch; prefill runs at ~20k tokens/s.
@@ -46,7 +55,12 @@ COSTS: dict[str, dict[str, float]] = {
 }
 _START_TIMEOUT_S = 60.0
 _LOCUST_GRACE_S = 90.0
+# Progress every 2 s on a terminal (a line rewritten in place costs nothing to read), every
+# 10 s into a log (a line each time).
+PROGRESS_TTY_S = 2.0
+PROGRESS_PLAIN_S = 10.0
 MB = 1 << 20
+PROGRESS_FILE = "progress.json"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,6 +79,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _add_servers(p)
     _add_slos(p)
     _add_reports(p)
+    _add_progress(p)
     _add_ui(p)
     p.add_argument(
         "locust_args",
@@ -174,6 +189,35 @@ def _add_reports(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    """What the command shows while the run goes on."""
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress while the run goes on (CI logs): only the final summary",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=positive_float,
+        metavar="S",
+        help=(
+            "seconds between progress updates (elapsed/total, users, benign req/s, p50, p99 "
+            "and errors, attacks refused): on a terminal (stderr a TTY) one line rewritten "
+            f"in place, default {PROGRESS_TTY_S:g}; otherwise a plain line, default "
+            f"{PROGRESS_PLAIN_S:g}"
+        ),
+    )
+
+
+def progress_interval(args: argparse.Namespace, tty: bool) -> float | None:
+    """Seconds between progress updates; None with ``--quiet``."""
+    if args.quiet:
+        return None
+    if args.progress_interval is not None:
+        return float(args.progress_interval)
+    return PROGRESS_TTY_S if tty else PROGRESS_PLAIN_S
+
+
 def _add_ui(p: argparse.ArgumentParser) -> None:
     """Locust's web UI."""
     p.add_argument("--ui", action="store_true", help="locust's web UI with the schedguard tab")
@@ -205,8 +249,11 @@ class LoadEndpoints:
     upstream_pid: int | None
 
 
-def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> list[str]:
-    """The locust command line for ``args`` against ``target``."""
+def locust_argv(
+    args: argparse.Namespace, target: LoadEndpoints, out: Path, progress_s: float | None = None
+) -> list[str]:
+    """The locust command line for ``args`` against ``target``; the run's progress written to
+    ``out/progress.json`` every ``progress_s`` seconds when given."""
     import loadtests
 
     guided = args.scenario == "guided-compile"
@@ -260,6 +307,13 @@ def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> l
             repr(args.flood_after),
             "--guided-json",
             str(out / "guided.json"),
+        ]
+    if progress_s is not None:
+        cmd += [
+            "--progress-json",
+            str(out / PROGRESS_FILE),
+            "--progress-interval-s",
+            repr(progress_s),
         ]
     if args.ui:
         cmd += ["--autostart", "--web-host", "127.0.0.1", "--web-port", str(args.web_port)]
@@ -335,6 +389,7 @@ def run(args: argparse.Namespace) -> int:
         "report.html",
         "locust_report.html",
         "guided.json",
+        PROGRESS_FILE,
     ):
         with contextlib.suppress(FileNotFoundError):
             (out / stale).unlink()
@@ -346,7 +401,9 @@ def run(args: argparse.Namespace) -> int:
         except (ServerStartError, OSError) as exc:
             _err(f"could not start the servers: {exc}")
             return 2
-        cmd = locust_argv(args, target, out)
+        tty = sys.stderr.isatty()
+        interval = None if args.ui else progress_interval(args, tty)
+        cmd = locust_argv(args, target, out, interval)
         (out / "command.txt").write_text(" ".join(cmd) + "\n")
         if args.ui:
             print(
@@ -355,7 +412,8 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        code = _run_locust(cmd, out, None if args.ui else args.duration + _LOCUST_GRACE_S)
+        shown = None if interval is None else _ProgressView(out / PROGRESS_FILE, interval, tty)
+        code = _run_locust(cmd, out, None if args.ui else args.duration + _LOCUST_GRACE_S, shown)
         return _finish(args, out, servers, code)
     finally:
         for server in reversed(servers):
@@ -433,11 +491,75 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> LoadEndpoint
     return LoadEndpoints(guard.url, guard.url, upstream.url, guard.proc.pid, upstream.proc.pid)
 
 
-def _run_locust(cmd: Sequence[str], out: Path, timeout_s: float | None) -> int:
+class _ProgressView:
+    """Shows ``progress.json`` (written by the locust master) on stderr every ``interval_s``:
+    on a terminal one line rewritten in place, otherwise a line each time."""
+
+    def __init__(self, path: Path, interval_s: float, tty: bool) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self.tty = tty
+        self.shown = ""
+        self._next = time.monotonic() + interval_s
+
+    def due(self) -> float:
+        """Seconds until the next update."""
+        return max(0.0, self._next - time.monotonic())
+
+    def update(self, force: bool = False) -> None:
+        if not force and self.due() > 0:
+            return
+        self._next = time.monotonic() + self.interval_s
+        from loadtests.progress import read, render
+
+        snapshot = read(self.path)
+        if snapshot is None:
+            return
+        line = render(snapshot)
+        if self.tty:
+            # \r and erase-line: the same line, updated.
+            sys.stderr.write(f"\r\x1b[2K{line}")
+        elif line != self.shown or not snapshot.final:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        self.shown = line
+
+    def close(self) -> None:
+        self.update(force=True)
+        if self.tty and self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], timeout_s: float | None, view: _ProgressView | None
+) -> int:
+    """``proc.wait(timeout_s)``, updating ``view`` meanwhile."""
+    if view is None:
+        return proc.wait(timeout=timeout_s)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        step = view.due()
+        if deadline is not None:
+            step = min(step, deadline - time.monotonic())
+        try:
+            code = proc.wait(timeout=max(0.05, step))
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            view.update()
+            continue
+        view.close()
+        return code
+
+
+def _run_locust(
+    cmd: Sequence[str], out: Path, timeout_s: float | None, view: _ProgressView | None = None
+) -> int:
     with open(out / "locust.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            return proc.wait(timeout=timeout_s)
+            return _wait(proc, timeout_s, view)
         except subprocess.TimeoutExpired:
             _err(f"locust did not finish within {timeout_s:g} s; stopping it")
             return _stop(proc)
