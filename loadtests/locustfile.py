@@ -53,6 +53,7 @@ from loadtests.monitor import Monitor
 from loadtests.prompts import BenignMix, make_request
 from loadtests.replay import Replay, RoundRobin, load_attacks, load_lookalikes
 from loadtests.shapes import ATTACK, BENIGN, SHAPES, ShapeSpec, tick
+from loadtests.target import BENIGN_KEY, KINDS, REFERENCE_MODEL
 
 _ids = itertools.count()
 # Counters the SLO report shows beside locust's stats (client-side status/code of attacks,
@@ -119,7 +120,7 @@ def _arguments(parser: LocustArgumentParser) -> None:
     )
     g.add_argument("--attack-timeout-s", type=float, default=15.0, help="attack request timeout")
     g.add_argument("--request-timeout-s", type=float, default=60.0, help="benign request timeout")
-    g.add_argument("--benign-key", default="sk-load-benign", help="API key of benign users")
+    g.add_argument("--benign-key", default=BENIGN_KEY, help="API key of benign users")
     g.add_argument("--attack-key", default="sk-load-attacker", help="API key of attackers")
     g.add_argument(
         "--upstream-profile",
@@ -127,6 +128,19 @@ def _arguments(parser: LocustArgumentParser) -> None:
         help="reference profile behind the target: look-alikes it does not serve are skipped",
     )
     g.add_argument("--seed", type=int, default=0, help="seed of prompts and attack order")
+    g.add_argument(
+        "--model",
+        default=REFERENCE_MODEL,
+        help="the served model: benign requests name it, and the corpus's bodies name it "
+        "instead of the reference's",
+    )
+    g.add_argument(
+        "--upstream-kind",
+        choices=KINDS,
+        default="reference",
+        help="what serves the model: the benign look-alikes sent are those it serves "
+        "(loadtests/fit.py)",
+    )
 
     c = parser.add_argument_group("schedguard guided compile phase (--scenario guided-compile)")
     c.add_argument(
@@ -166,6 +180,17 @@ def _arguments(parser: LocustArgumentParser) -> None:
     m.add_argument("--upstream-url", default="", help="upstream base URL for its health check")
     m.add_argument("--guard-pid", type=int, default=0, help="guard pid (RSS sampling)")
     m.add_argument("--upstream-pid", type=int, default=0, help="upstream pid (RSS sampling)")
+    m.add_argument(
+        "--guard-metrics-url",
+        default="",
+        help="without --guard-pid: the guard's Prometheus metrics (process_resident_memory_bytes)",
+    )
+    m.add_argument(
+        "--upstream-metrics-url",
+        default="",
+        help="without --upstream-pid: the upstream's Prometheus metrics "
+        "(process_resident_memory_bytes)",
+    )
     m.add_argument("--sample-interval-s", type=float, default=1.0, help="RSS sampling period")
 
     s = parser.add_argument_group("schedguard SLO gate")
@@ -262,8 +287,11 @@ def _process_seed(environment: Environment) -> int:
 def _lookalike_replays(environment: Environment) -> list[Replay]:
     global _lookalikes
     if _lookalikes is None:
-        profile = _options(environment).upstream_profile
-        _lookalikes = load_lookalikes(None if profile == "any" else profile)
+        opts = _options(environment)
+        profile = opts.upstream_profile
+        _lookalikes = load_lookalikes(
+            None if profile == "any" else profile, kind=opts.upstream_kind, model=opts.model
+        )
     return _lookalikes
 
 
@@ -272,7 +300,9 @@ def _attack_cycle(environment: Environment) -> RoundRobin:
     if _attacks is None:
         opts = _options(environment)
         classes = [c.strip() for c in opts.attack_classes.split(",") if c.strip()] or None
-        _attacks = RoundRobin(load_attacks(classes), seed=_process_seed(environment))
+        _attacks = RoundRobin(
+            load_attacks(classes, model=opts.model), seed=_process_seed(environment)
+        )
     return _attacks
 
 
@@ -288,6 +318,7 @@ class BenignUser(User):
             chat_weight=opts.chat_weight,
             completion_weight=opts.completion_weight,
             stream_share=opts.stream_share,
+            model=opts.model,
         )
         self.lookalike_share = opts.lookalike_share
         self.conn = KeepAlive(self.host or "", opts.request_timeout_s)
@@ -609,6 +640,8 @@ def _on_init(environment: Environment, **_: Any) -> None:
         upstream_pid=opts.upstream_pid or None,
         guard_url=opts.guard_url or None,
         upstream_url=opts.upstream_url or None,
+        guard_metrics_url=opts.guard_metrics_url or None,
+        upstream_metrics_url=opts.upstream_metrics_url or None,
     )
     if environment.web_ui is not None:
         dashboard.install(environment, lambda: _live_status(environment))
@@ -770,9 +803,12 @@ def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
         "users": getattr(opts, "num_users", None),
         "attack_share": opts.attack_share,
         "upstream_profile": opts.upstream_profile,
+        "upstream_kind": opts.upstream_kind,
+        "model": opts.model,
         "unexpected_codes": {k: v for k, v in _tally.items() if k.startswith("unexpected")},
     }
     if monitor is not None:
+        data.target["memory_from"] = {w.name: w.source for w in (monitor.guard, monitor.upstream)}
         data.guard_peak_rss = monitor.guard.peak
         data.upstream_peak_rss = monitor.upstream.peak
         data.guard_rejections = dict(monitor.metrics.rejections)

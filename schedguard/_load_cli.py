@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtests.target import KINDS, REFERENCE_MODEL
 from schedguard._argtypes import fraction, non_negative_float, positive_float, positive_int
 
 __all__ = [
@@ -144,6 +145,42 @@ def _add_servers(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", help="target this running guard (or server) instead")
     p.add_argument(
+        "--model",
+        help="with --host: the model benign requests (and the corpus's bodies) name; "
+        "default: the first of the target's GET /v1/models",
+    )
+    p.add_argument(
+        "--upstream-kind",
+        choices=("auto", *KINDS),
+        default="auto",
+        help="with --host: what serves the model, which decides the benign look-alikes sent "
+        "(loadtests/fit.py: the reference's own fields only to the reference); auto: from "
+        "/v1/models owned_by",
+    )
+    p.add_argument(
+        "--guard-pid",
+        type=positive_int,
+        help="with --host: the guard's pid on this machine, for its RSS (peak, over time)",
+    )
+    p.add_argument(
+        "--upstream-pid",
+        type=positive_int,
+        help="with --host: the upstream's pid on this machine (its children counted), for its "
+        "RSS and liveness",
+    )
+    p.add_argument(
+        "--guard-metrics",
+        metavar="URL",
+        help="with --host, without --guard-pid: the guard's Prometheus metrics, for its RSS "
+        "(process_resident_memory_bytes); default: --host's /metrics when --host is a guard",
+    )
+    p.add_argument(
+        "--upstream-metrics",
+        metavar="URL",
+        help="with --host, without --upstream-pid: the upstream's Prometheus metrics (vLLM's "
+        "/metrics), for its RSS (process_resident_memory_bytes)",
+    )
+    p.add_argument(
         "--no-guard", action="store_true", help="send the traffic straight at the upstream"
     )
     p.add_argument(
@@ -247,6 +284,10 @@ class LoadEndpoints:
     upstream_url: str | None
     guard_pid: int | None
     upstream_pid: int | None
+    model: str = REFERENCE_MODEL
+    kind: str = "reference"
+    guard_metrics_url: str | None = None
+    upstream_metrics_url: str | None = None
 
 
 def locust_argv(
@@ -292,6 +333,10 @@ def locust_argv(
         args.upstream_profile if not args.host else "any",
         "--seed",
         str(args.seed),
+        "--model",
+        target.model,
+        "--upstream-kind",
+        target.kind,
         "--slo-json",
         str(out / "slo.json"),
         "--timeline-json",
@@ -328,6 +373,8 @@ def locust_argv(
         ("--upstream-url", target.upstream_url),
         ("--guard-pid", target.guard_pid),
         ("--upstream-pid", target.upstream_pid),
+        ("--guard-metrics-url", target.guard_metrics_url),
+        ("--upstream-metrics-url", target.upstream_metrics_url),
         ("--slo-baseline", args.baseline),
         ("--slo-p99-ms", args.p99_ms),
         ("--slo-max-p99-ratio", args.max_p99_ratio),
@@ -379,8 +426,14 @@ def run(args: argparse.Namespace) -> int:
     if args.host and args.no_guard:
         _err("--no-guard starts its own upstream; it cannot be combined with --host")
         return 2
+    from loadtests.target import TargetError
     from schedguard.servers import RunningServer, ServerStartError
 
+    if not args.host and (args.guard_pid or args.upstream_pid or args.model):
+        _err(
+            "--guard-pid, --upstream-pid and --model go with --host (the servers started here are known)"
+        )
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     for stale in (
         "slo.json",
@@ -400,6 +453,9 @@ def run(args: argparse.Namespace) -> int:
             target = _start_servers(args, servers)
         except (ServerStartError, OSError) as exc:
             _err(f"could not start the servers: {exc}")
+            return 2
+        except TargetError as exc:
+            _err(f"--host {args.host}: {exc}")
             return 2
         tty = sys.stderr.isatty()
         interval = None if args.ui else progress_interval(args, tty)
@@ -426,8 +482,7 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> LoadEndpoint
     from schedguard.servers import RunningServer, ServerSpec, free_port, schedguard_argv
 
     if args.host:
-        host = args.host.rstrip("/")
-        return LoadEndpoints(host, host, None, None, None)
+        return _host_endpoints(args)
     bind = "127.0.0.1"
     ports = {"upstream": free_port(bind), "guard": free_port(bind)}
     upstream_spec = ServerSpec(
@@ -551,6 +606,35 @@ def _wait(
             continue
         view.close()
         return code
+
+
+def _host_endpoints(args: argparse.Namespace) -> LoadEndpoints:
+    """``--host`` and what the command line and the target itself say about it: the model and
+    the upstream's kind (:func:`loadtests.target.discover`), and where the memory of the guard
+    and the upstream can be read."""
+    from loadtests.target import discover, is_guard
+
+    host = args.host.rstrip("/")
+    found = discover(host, model=args.model, kind=args.upstream_kind)
+    guard_metrics = args.guard_metrics
+    if guard_metrics is None and args.guard_pid is None and is_guard(host):
+        guard_metrics = host + "/metrics"
+    print(
+        f"schedguard load: {host} serves {found.model!r} ({found.kind}; {found.source})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return LoadEndpoints(
+        host,
+        host,
+        None,
+        args.guard_pid,
+        args.upstream_pid,
+        model=found.model,
+        kind=found.kind,
+        guard_metrics_url=None if args.guard_pid else guard_metrics,
+        upstream_metrics_url=None if args.upstream_pid else args.upstream_metrics,
+    )
 
 
 def _run_locust(
