@@ -3,12 +3,16 @@
 Starts the reference scheduler (``--upstream-profile``, under a memory cap, with a simulated GPU
 cost model so that latencies, time to first token and inter-token gaps look like a real
 server's) and the guard in front of it (``loadtests/policy.yaml``), or targets ``--host``; runs
-``loadtests/locustfile.py`` in a locust subprocess (gevent's monkey-patching stays there);
+``loadtests/locustfile.py`` in a locust subprocess (gevent's monkey-patching stays there),
+showing its progress on stderr meanwhile (``--quiet``, ``--progress-interval``);
 writes locust's CSV, HTML and JSON reports, the SLO report, the run over time
 (``timeline.json``) and ``report.html`` (:mod:`loadtests.report`: SLO verdicts, latency, attack
 share, rejections by code and memory over time) to ``--out``; prints the SLO table; exits 0 when
 every SLO holds, 1 when one fails, 2 when the run could not happen. ``--no-guard`` sends the
-same traffic straight at the upstream, for the contrast; ``--compare DIR`` puts such a run's
+same traffic straight at the upstream, for the contrast. Against ``--host`` the model and the
+upstream's kind are read from its ``/v1/models`` (``--model``, ``--upstream-kind``; the benign
+mix is fitted to the kind, :mod:`loadtests.fit`) and the servers' memory from ``--guard-pid`` /
+``--upstream-pid`` or their Prometheus ``/metrics``; ``--compare DIR`` puts such a run's
 results beside this one's in ``report.html``; ``--report-only`` rewrites ``report.html`` from
 ``--out`` without running. ``--scenario guided-compile`` runs issue 23's guided compile budget
 phase instead (``loadtests/guided_policy.yaml``, :mod:`loadtests.guided`): one tenant warming
