@@ -298,5 +298,7 @@ def test_load_a_vllm_like_server(fake: tuple[str, _Server], tmp_path: Path) -> N
     assert n["target"]["model"] == MODEL and n["target"]["upstream_kind"] == "vllm"
     assert n["upstream_peak_rss_mb"] == 123.0
     assert n["target"]["memory_from"] == {"guard": None, "upstream": url + "/metrics"}
+    html = (out / "report.html").read_text()
+    assert f"vllm upstream serving {MODEL}" in html and f"upstream from {url}/metrics" in html
     assert all(body["model"] == MODEL for body in srv.posted)
     assert "prompt_template" not in json.dumps(srv.posted)
