@@ -15,6 +15,14 @@ prompt), and a benign error is a failed gate. So, per kind (:data:`loadtests.tar
   mirrored by ``guard.checks.check_llama_cpp_shapes``: one definition of what it does not
   take).
 
+Attacks too: some are another upstream's. The guard refuses a JSON schema that llama.cpp's
+grammar converter would crash on, but vLLM reads schemas itself, so in front of vLLM the guard
+lets it through on purpose (``limits.guided.llama_cpp_schemas: auto``). The gate counts any
+attack served as a failure, so :func:`attacks_left_out` leaves out, for a kind, the attacks the
+guard's own pipeline refuses in front of an upstream it does not know (``other``) and admits in
+front of that kind: the guard's verdicts are the one definition of what is harmless where. An
+attack admitted in front of every kind is still sent (and fails the gate).
+
 The model name is swapped by :mod:`loadtests.replay`; this module only chooses.
 """
 
@@ -25,9 +33,11 @@ from typing import Any
 
 from guard.checks import check_llama_cpp_shapes
 from guard.errors import GuardError
+from guard.pipeline import evaluate_body
+from guard.policy import Policy
 from payloads.loader import Payload
 
-__all__ = ["GENERATION_ROUTES", "REFERENCE_ONLY_FIELDS", "fit", "unfit_reason"]
+__all__ = ["GENERATION_ROUTES", "REFERENCE_ONLY_FIELDS", "attacks_left_out", "fit", "unfit_reason"]
 
 # Body fields only the reference scheduler reads (scheduler_ref.api_models._GenerationRequest).
 REFERENCE_ONLY_FIELDS = ("prompt_template", "template_vars")
@@ -98,3 +108,34 @@ def fit(payloads: Sequence[Payload], kind: str) -> tuple[list[Payload], dict[str
         else:
             left[p.id] = why
     return kept, left
+
+
+def attacks_left_out(
+    attacks: Sequence[Payload], kind: str, policy: Policy, api_key: str
+) -> dict[str, str]:
+    """{attack id: why} of the ``attacks`` not sent to an upstream of ``kind``: those the
+    guard's pipeline (``policy``, called with ``api_key``) refuses in front of an unknown
+    upstream and admits in front of ``kind``. Attacks framed at the HTTP layer (a transport of
+    their own) are judged there, the same for every kind: all are sent."""
+    if kind in ("reference", "other"):
+        return {}
+    policies = {k: policy.with_upstream_kind(k) for k in ("other", kind)}  # type: ignore[arg-type]
+    auth = ("authorization", f"Bearer {api_key}")
+    left: dict[str, str] = {}
+    for payload in attacks:
+        if payload.transport is not None:
+            continue
+        headers = payload.header_items()
+        if not any(name.lower() == "authorization" for name, _ in headers):
+            headers = [*headers, auth]
+        body = payload.body_bytes()
+        verdicts = {
+            k: evaluate_body(body, payload.endpoint, headers, p, method=payload.method)
+            for k, p in policies.items()
+        }
+        refused = verdicts["other"].rejection
+        if refused is not None and verdicts[kind].rejection is None:
+            left[payload.id] = (
+                f"the guard admits it in front of {kind} (elsewhere refused: {refused.code})"
+            )
+    return left

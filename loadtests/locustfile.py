@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import random
 import time
 from collections.abc import Callable
@@ -53,7 +54,7 @@ from loadtests.monitor import Monitor
 from loadtests.prompts import BenignMix, make_request
 from loadtests.replay import Replay, RoundRobin, load_attacks, load_lookalikes
 from loadtests.shapes import ATTACK, BENIGN, SHAPES, ShapeSpec, tick
-from loadtests.target import BENIGN_KEY, KINDS, REFERENCE_MODEL
+from loadtests.target import ATTACK_KEY, BENIGN_KEY, KINDS, REFERENCE_MODEL
 
 _ids = itertools.count()
 # Counters the SLO report shows beside locust's stats (client-side status/code of attacks,
@@ -121,7 +122,12 @@ def _arguments(parser: LocustArgumentParser) -> None:
     g.add_argument("--attack-timeout-s", type=float, default=15.0, help="attack request timeout")
     g.add_argument("--request-timeout-s", type=float, default=60.0, help="benign request timeout")
     g.add_argument("--benign-key", default=BENIGN_KEY, help="API key of benign users")
-    g.add_argument("--attack-key", default="sk-load-attacker", help="API key of attackers")
+    g.add_argument("--attack-key", default=ATTACK_KEY, help="API key of attackers")
+    g.add_argument(
+        "--attacks-left-out-json",
+        default="",
+        help="{attack id: why} of attacks not sent (another upstream's: loadtests/fit.py)",
+    )
     g.add_argument(
         "--upstream-profile",
         default="vulnerable",
@@ -295,14 +301,23 @@ def _lookalike_replays(environment: Environment) -> list[Replay]:
     return _lookalikes
 
 
+def _attacks_left_out(environment: Environment) -> dict[str, str]:
+    path = _options(environment).attacks_left_out_json
+    if not path:
+        return {}
+    with open(path) as f:
+        left: dict[str, str] = json.load(f)
+    return left
+
+
 def _attack_cycle(environment: Environment) -> RoundRobin:
     global _attacks
     if _attacks is None:
         opts = _options(environment)
         classes = [c.strip() for c in opts.attack_classes.split(",") if c.strip()] or None
-        _attacks = RoundRobin(
-            load_attacks(classes, model=opts.model), seed=_process_seed(environment)
-        )
+        left = _attacks_left_out(environment)
+        attacks = [a for a in load_attacks(classes, model=opts.model) if a.id not in left]
+        _attacks = RoundRobin(attacks, seed=_process_seed(environment))
     return _attacks
 
 
@@ -805,6 +820,7 @@ def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
         "upstream_profile": opts.upstream_profile,
         "upstream_kind": opts.upstream_kind,
         "model": opts.model,
+        "attacks_left_out": _attacks_left_out(environment),
         "unexpected_codes": {k: v for k, v in _tally.items() if k.startswith("unexpected")},
     }
     if monitor is not None:

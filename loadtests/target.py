@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 __all__ = [
+    "ATTACK_KEY",
     "BENIGN_KEY",
     "KINDS",
     "REFERENCE_MODEL",
@@ -36,6 +37,7 @@ REFERENCE_MODEL = "schedguard-ref"
 # The benign users' key (loadtests/policy.yaml's tenant ``benign``): /v1/models is asked with
 # it, since a guard with keys refuses anonymous callers.
 BENIGN_KEY = "sk-load-benign"
+ATTACK_KEY = "sk-load-attacker"  # its tenant ``attacker``
 _OWNERS: dict[str, UpstreamKind] = {"schedguard": "reference", "vllm": "vllm", "me": "llama_cpp"}
 
 

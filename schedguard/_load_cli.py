@@ -292,6 +292,7 @@ class LoadEndpoints:
     kind: str = "reference"
     guard_metrics_url: str | None = None
     upstream_metrics_url: str | None = None
+    attacks_left_out: str | None = None  # a JSON file: {attack id: why} (loadtests.fit)
 
 
 def locust_argv(
@@ -379,6 +380,7 @@ def locust_argv(
         ("--upstream-pid", target.upstream_pid),
         ("--guard-metrics-url", target.guard_metrics_url),
         ("--upstream-metrics-url", target.upstream_metrics_url),
+        ("--attacks-left-out-json", target.attacks_left_out),
         ("--slo-baseline", args.baseline),
         ("--slo-p99-ms", args.p99_ms),
         ("--slo-max-p99-ratio", args.max_p99_ratio),
@@ -447,6 +449,7 @@ def run(args: argparse.Namespace) -> int:
         "locust_report.html",
         "guided.json",
         PROGRESS_FILE,
+        "attacks_left_out.json",
     ):
         with contextlib.suppress(FileNotFoundError):
             (out / stale).unlink()
@@ -638,7 +641,36 @@ def _host_endpoints(args: argparse.Namespace) -> LoadEndpoints:
         kind=found.kind,
         guard_metrics_url=None if args.guard_pid else guard_metrics,
         upstream_metrics_url=None if args.upstream_pid else args.upstream_metrics,
+        attacks_left_out=_attacks_left_out(args, found.kind),
     )
+
+
+def _attacks_left_out(args: argparse.Namespace, kind: str) -> str | None:
+    """The attacks the guard admits in front of ``kind`` by design (another upstream's:
+    :func:`loadtests.fit.attacks_left_out`, judged under ``--policy`` or the load tests'),
+    written to ``--out``; None when none is."""
+    import loadtests
+    from guard.policy import load_policy
+    from loadtests.fit import attacks_left_out
+    from loadtests.replay import load_attacks
+    from loadtests.target import ATTACK_KEY
+
+    if kind in ("reference", "other") or args.scenario != "mixed":
+        return None
+    policy = load_policy(args.policy or str(Path(loadtests.__file__).with_name("policy.yaml")))
+    attacks = [replay.payload for replay in load_attacks()]
+    left = attacks_left_out(attacks, kind, policy, ATTACK_KEY)
+    if not left:
+        return None
+    path = Path(args.out) / "attacks_left_out.json"
+    path.write_text(json.dumps(left, indent=1, sort_keys=True) + "\n")
+    print(
+        f"schedguard load: {len(left)} attacks left out, the guard admits them in front of "
+        f"{kind} by design: {', '.join(sorted(left))}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return str(path)
 
 
 def _run_locust(

@@ -5,7 +5,8 @@ The guard (``schedguard serve`` with the load tests' policy, loadtests/policy.ya
 for a short run with a few users, told only the upstream's pid: the model and the upstream's
 kind come from ``/v1/models``, the guard's memory from its own ``/metrics``. The gate: no benign
 error (every request names vLLM's model, none carries the reference's own fields), every attack
-refused, and both memories in the report. The latency and upstream RSS limits are opened up:
+refused (but those the guard admits in front of vLLM by design, left out: a first run got one of
+llama.cpp's grammar crashers served), and both memories in the report. The latency and upstream RSS limits are opened up:
 a CPU vLLM is slow and holds ~3 GB, and neither is what this run is about.
 """
 
@@ -75,6 +76,8 @@ def test_load_through_the_guard_in_front_of_vllm(
     detail = json.dumps({k: n[k] for k in ("benign_failure_samples", "attacks_not_rejected")})
     assert n["target"]["model"] == vllm_upstream.model
     assert n["target"]["upstream_kind"] == "vllm"
+    # llama.cpp's grammar crashers: the guard lets them through to vLLM on purpose
+    assert "gd-llamacpp-schema-maxlength-deep" in n["target"]["attacks_left_out"]
     assert n["benign_requests"] > 0 and n["benign_errors"] == 0, detail
     assert n["attack_requests"] > 0 and n["attack_rejected"] == n["attack_requests"], detail
     assert n["guard_peak_rss_mb"] is not None and n["guard_peak_rss_mb"] > 0

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+import loadtests
+from guard.policy import load_policy
 from loadtests import fit, target
 from loadtests.monitor import Monitor, Watched, resident_bytes
 from loadtests.replay import CORPUS_MODEL, load_attacks, load_lookalikes, with_model
@@ -200,6 +202,25 @@ def test_bodies_name_the_served_model() -> None:
     assert named and all(b'"tiny-llama"' in a.body() for a in named)
 
 
+def test_attacks_the_guard_admits_in_front_of_a_kind_by_design() -> None:
+    """vLLM reads JSON schemas itself: the guard refuses llama.cpp's grammar crashers only in
+    front of other upstreams, so they are not sent to vLLM; nothing else changes per kind."""
+    policy = load_policy(str(Path(loadtests.__file__).with_name("policy.yaml")))
+    attacks = [r.payload for r in load_attacks()]
+    to_vllm = fit.attacks_left_out(attacks, "vllm", policy, target.ATTACK_KEY)
+    llamacpp = {a.id for a in attacks if a.id.startswith("gd-llamacpp-")}
+    assert llamacpp and llamacpp <= set(to_vllm)
+    assert all("guided_schema_grammar" in to_vllm[i] for i in llamacpp)
+    framed = {a.id for a in attacks if a.transport is not None}
+    assert framed and not framed & set(to_vllm)
+    assert len(to_vllm) < len(attacks) // 10  # the exception, not the rule
+    assert fit.attacks_left_out(attacks, "llama_cpp", policy, target.ATTACK_KEY) == {}
+    for kind in ("reference", "other"):
+        assert fit.attacks_left_out(attacks, kind, policy, target.ATTACK_KEY) == {}
+    # A key the policy does not know is refused in front of every kind: nothing left out.
+    assert fit.attacks_left_out(attacks, "vllm", policy, "sk-unknown") == {}
+
+
 # ------------------------------------------------------------------------------ memory
 
 
@@ -231,18 +252,31 @@ def test_memory_from_metrics_without_a_pid(fake: tuple[str, _Server]) -> None:
     assert mon.snapshot()["upstream"]["rss_mb"] == 123.0
 
 
-def test_host_endpoints_carry_what_was_found(fake: tuple[str, _Server]) -> None:
+def test_host_endpoints_carry_what_was_found(fake: tuple[str, _Server], tmp_path: Path) -> None:
     url, _ = fake
     args = build_parser().parse_args(
-        ["load", "--host", url, "--upstream-pid", "4242", "--upstream-metrics", url + "/m"]
+        [
+            "load",
+            "--host",
+            url,
+            "--upstream-pid",
+            "4242",
+            "--upstream-metrics",
+            url + "/m",
+            "--out",
+            str(tmp_path),
+        ]
     )
     ends = _load_cli._host_endpoints(args)
+    assert ends.attacks_left_out == str(tmp_path / "attacks_left_out.json")
+    left = json.loads(Path(ends.attacks_left_out).read_text())
+    assert "gd-llamacpp-schema-maxlength-deep" in left
     assert (ends.model, ends.kind, ends.upstream_pid) == (MODEL, "vllm", 4242)
     assert ends.upstream_metrics_url is None  # the pid is the better source
     assert ends.guard_metrics_url is None  # the fake is no guard
     cmd = " ".join(_load_cli.locust_argv(args, ends, Path("out")))
     assert f"--model {MODEL}" in cmd and "--upstream-kind vllm" in cmd
-    assert "--upstream-pid 4242" in cmd
+    assert "--upstream-pid 4242" in cmd and f"--attacks-left-out-json {tmp_path}" in cmd
 
 
 def test_pids_and_model_go_with_host(capsys: pytest.CaptureFixture[str]) -> None:
