@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtests import progress
 from loadtests.target import KINDS, REFERENCE_MODEL
 from schedguard._argtypes import fraction, non_negative_float, positive_float, positive_int
 
@@ -245,7 +246,7 @@ def _add_progress(p: argparse.ArgumentParser) -> None:
             "seconds between progress updates (elapsed/total, users, benign req/s, p50, p99 "
             "and errors, attacks refused): on a terminal (stderr a TTY) one line rewritten "
             f"in place, default {PROGRESS_TTY_S:g}; otherwise a plain line, default "
-            f"{PROGRESS_PLAIN_S:g}"
+            f"{PROGRESS_PLAIN_S:g} (none with --ui: the web UI shows the run)"
         ),
     )
 
@@ -572,12 +573,10 @@ class _ProgressView:
         if not force and self.due() > 0:
             return
         self._next = time.monotonic() + self.interval_s
-        from loadtests.progress import read, render
-
-        snapshot = read(self.path)
+        snapshot = progress.read(self.path)
         if snapshot is None:
             return
-        line = render(snapshot)
+        line = progress.render(snapshot)
         if self.tty:
             # \r and erase-line: the same line, updated.
             sys.stderr.write(f"\r\x1b[2K{line}")
