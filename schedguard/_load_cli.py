@@ -245,8 +245,8 @@ def _add_progress(p: argparse.ArgumentParser) -> None:
         help=(
             "seconds between progress updates (elapsed/total, users, benign req/s, p50, p99 "
             "and errors, attacks refused): on a terminal (stderr a TTY) one line rewritten "
-            f"in place, default {PROGRESS_TTY_S:g}; otherwise a plain line, default "
-            f"{PROGRESS_PLAIN_S:g} (none with --ui: the web UI shows the run)"
+            f"in place every {PROGRESS_TTY_S:g} s unless given, otherwise a plain line every "
+            f"{PROGRESS_PLAIN_S:g} s (none with --ui: the web UI shows the run)"
         ),
     )
 
