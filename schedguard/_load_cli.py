@@ -190,7 +190,9 @@ def _add_servers(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--policy",
-        help="guard policy file; without it loadtests/policy.yaml (guided_policy.yaml with --scenario guided-compile)",
+        help="guard policy file; without it loadtests/policy.yaml (guided_policy.yaml with "
+        "--scenario guided-compile); with --host, the policy whose verdicts say which attacks the "
+        "guard admits in front of the upstream's kind by design (those are not sent)",
     )
     p.add_argument(
         "--upstream-cost",
@@ -433,6 +435,7 @@ def run(args: argparse.Namespace) -> int:
     if args.host and args.no_guard:
         _err("--no-guard starts its own upstream; it cannot be combined with --host")
         return 2
+    from guard.errors import PolicyError
     from loadtests.target import TargetError
     from schedguard.servers import RunningServer, ServerStartError
 
@@ -464,6 +467,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
         except TargetError as exc:
             _err(f"--host {args.host}: {exc}")
+            return 2
+        except PolicyError as exc:
+            _err(f"--policy: {exc}")
             return 2
         tty = sys.stderr.isatty()
         interval = None if args.ui else progress_interval(args, tty)

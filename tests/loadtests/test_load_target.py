@@ -336,3 +336,15 @@ def test_load_a_vllm_like_server(fake: tuple[str, _Server], tmp_path: Path) -> N
     assert f"vllm upstream serving {MODEL}" in html and f"upstream from {url}/metrics" in html
     assert all(body["model"] == MODEL for body in srv.posted)
     assert "prompt_template" not in json.dumps(srv.posted)
+
+
+def test_a_policy_that_does_not_load_stops_the_run(
+    fake: tuple[str, _Server], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("limits: [not, a, mapping]\n")
+    args = build_parser().parse_args(
+        ["load", "--host", fake[0], "--policy", str(bad), "--out", str(tmp_path / "out")]
+    )
+    assert _load_cli.run(args) == 2
+    assert "--policy" in capsys.readouterr().err
