@@ -569,6 +569,7 @@ class _ProgressView:
         self.interval_s = interval_s
         self.tty = tty
         self.shown = ""
+        self.closed = False
         self._next = time.monotonic() + interval_s
 
     def due(self) -> float:
@@ -592,6 +593,10 @@ class _ProgressView:
         self.shown = line
 
     def close(self) -> None:
+        """The last progress (the gate's own), and the line ended, once."""
+        if self.closed:
+            return
+        self.closed = True
         self.update(force=True)
         if self.tty and self.shown:
             sys.stderr.write("\n")
@@ -694,6 +699,9 @@ def _run_locust(
         except BaseException:
             _stop(proc)
             raise
+        finally:
+            if view is not None:
+                view.close()  # the summary starts on a line of its own
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:
