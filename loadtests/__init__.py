@@ -10,6 +10,9 @@ gevent, so tests and the ``schedguard`` command can use it without monkey-patchi
 - :mod:`loadtests.shapes`: load shapes (steady, ramp, spike, attack burst);
 - :mod:`loadtests.monitor`: RSS of the guard and the upstream, the guard's ``/metrics``;
 - :mod:`loadtests.slo`: the SLO gate and its table;
+- :mod:`loadtests.progress`: the run's progress so far, as ``schedguard load`` shows it;
+- :mod:`loadtests.target`: the model and upstream kind of a target, from its ``/v1/models``;
+- :mod:`loadtests.fit`: which benign look-alikes each upstream kind is sent;
 - :mod:`loadtests.timeline`: the run over time (``timeline.json``);
 - :mod:`loadtests.report`: ``report.html``, drawn with :mod:`loadtests.svgchart`.
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from guard.pipeline import evaluate_body
 from guard.policy import policy_from_yaml
+from loadtests.target import REFERENCE_MODEL
 from payloads.loader import Payload, load_payload
 
 __all__ = [
@@ -74,7 +75,7 @@ def _candidates(root: Path) -> list[Path]:
     return structured + public + sorted((root / "benign").glob("*.yaml"))
 
 
-MODEL = "schedguard-ref"
+MODEL = REFERENCE_MODEL  # the phase runs against the reference scheduler
 MAX_TOKENS = 16
 
 
@@ -133,7 +134,7 @@ def unique_body(n: int, nonce: str) -> bytes:
         "required": ["name"],
     }
     body = {
-        "model": "schedguard-ref",
+        "model": MODEL,
         "max_tokens": 8,
         "messages": [{"role": "user", "content": "Answer."}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}},

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import random
 import time
 from collections.abc import Callable
@@ -47,13 +48,14 @@ from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadtests import dashboard, guided, outcomes, slo
+from loadtests import dashboard, guided, outcomes, progress, slo
 from loadtests import timeline as tl
 from loadtests.httpclient import KeepAlive, Response, send_raw
 from loadtests.monitor import Monitor
 from loadtests.prompts import BenignMix, make_request
 from loadtests.replay import Replay, RoundRobin, load_attacks, load_lookalikes
 from loadtests.shapes import ATTACK, BENIGN, SHAPES, ShapeSpec, tick
+from loadtests.target import ATTACK_KEY, BENIGN_KEY, KINDS, REFERENCE_MODEL
 from loadtests.tool_calls import forced_call_failure
 
 _ids = itertools.count()
@@ -121,14 +123,32 @@ def _arguments(parser: LocustArgumentParser) -> None:
     )
     g.add_argument("--attack-timeout-s", type=float, default=15.0, help="attack request timeout")
     g.add_argument("--request-timeout-s", type=float, default=60.0, help="benign request timeout")
-    g.add_argument("--benign-key", default="sk-load-benign", help="API key of benign users")
-    g.add_argument("--attack-key", default="sk-load-attacker", help="API key of attackers")
+    g.add_argument("--benign-key", default=BENIGN_KEY, help="API key of benign users")
+    g.add_argument("--attack-key", default=ATTACK_KEY, help="API key of attackers")
+    g.add_argument(
+        "--attacks-left-out-json",
+        default="",
+        help="{attack id: why} of attacks not sent (another upstream's: loadtests/fit.py)",
+    )
     g.add_argument(
         "--upstream-profile",
         default="vulnerable",
         help="reference profile behind the target: look-alikes it does not serve are skipped",
     )
     g.add_argument("--seed", type=int, default=0, help="seed of prompts and attack order")
+    g.add_argument(
+        "--model",
+        default=REFERENCE_MODEL,
+        help="the served model: benign requests name it, and the corpus's bodies name it "
+        "instead of the reference's",
+    )
+    g.add_argument(
+        "--upstream-kind",
+        choices=KINDS,
+        default="reference",
+        help="what serves the model: the benign look-alikes sent are those it serves "
+        "(loadtests/fit.py)",
+    )
 
     c = parser.add_argument_group("schedguard guided compile phase (--scenario guided-compile)")
     c.add_argument(
@@ -168,6 +188,17 @@ def _arguments(parser: LocustArgumentParser) -> None:
     m.add_argument("--upstream-url", default="", help="upstream base URL for its health check")
     m.add_argument("--guard-pid", type=int, default=0, help="guard pid (RSS sampling)")
     m.add_argument("--upstream-pid", type=int, default=0, help="upstream pid (RSS sampling)")
+    m.add_argument(
+        "--guard-metrics-url",
+        default="",
+        help="without --guard-pid: the guard's Prometheus metrics (process_resident_memory_bytes)",
+    )
+    m.add_argument(
+        "--upstream-metrics-url",
+        default="",
+        help="without --upstream-pid: the upstream's Prometheus metrics "
+        "(process_resident_memory_bytes)",
+    )
     m.add_argument("--sample-interval-s", type=float, default=1.0, help="RSS sampling period")
 
     s = parser.add_argument_group("schedguard SLO gate")
@@ -184,6 +215,14 @@ def _arguments(parser: LocustArgumentParser) -> None:
         "--slo-skip-upstream-check", action="store_true", help="do not require a live upstream"
     )
     s.add_argument("--slo-json", default="", help="write the SLO report here")
+    s.add_argument(
+        "--progress-json",
+        default="",
+        help="write the run's progress here every --progress-interval-s (schedguard load shows it)",
+    )
+    s.add_argument(
+        "--progress-interval-s", type=float, default=2.0, help="period of --progress-json"
+    )
     s.add_argument(
         "--timeline-json",
         default="",
@@ -256,9 +295,21 @@ def _process_seed(environment: Environment) -> int:
 def _lookalike_replays(environment: Environment) -> list[Replay]:
     global _lookalikes
     if _lookalikes is None:
-        profile = _options(environment).upstream_profile
-        _lookalikes = load_lookalikes(None if profile == "any" else profile)
+        opts = _options(environment)
+        profile = opts.upstream_profile
+        _lookalikes = load_lookalikes(
+            None if profile == "any" else profile, kind=opts.upstream_kind, model=opts.model
+        )
     return _lookalikes
+
+
+def _attacks_left_out(environment: Environment) -> dict[str, str]:
+    path = _options(environment).attacks_left_out_json
+    if not path:
+        return {}
+    with open(path) as f:
+        left: dict[str, str] = json.load(f)
+    return left
 
 
 def _attack_cycle(environment: Environment) -> RoundRobin:
@@ -266,7 +317,9 @@ def _attack_cycle(environment: Environment) -> RoundRobin:
     if _attacks is None:
         opts = _options(environment)
         classes = [c.strip() for c in opts.attack_classes.split(",") if c.strip()] or None
-        _attacks = RoundRobin(load_attacks(classes), seed=_process_seed(environment))
+        left = _attacks_left_out(environment)
+        attacks = [a for a in load_attacks(classes, model=opts.model) if a.id not in left]
+        _attacks = RoundRobin(attacks, seed=_process_seed(environment))
     return _attacks
 
 
@@ -282,6 +335,7 @@ class BenignUser(User):
             chat_weight=opts.chat_weight,
             completion_weight=opts.completion_weight,
             stream_share=opts.stream_share,
+            model=opts.model,
         )
         self.lookalike_share = opts.lookalike_share
         self.conn = KeepAlive(self.host or "", opts.request_timeout_s)
@@ -608,10 +662,14 @@ def _on_init(environment: Environment, **_: Any) -> None:
         upstream_pid=opts.upstream_pid or None,
         guard_url=opts.guard_url or None,
         upstream_url=opts.upstream_url or None,
+        guard_metrics_url=opts.guard_metrics_url or None,
+        upstream_metrics_url=opts.upstream_metrics_url or None,
     )
     if environment.web_ui is not None:
         dashboard.install(environment, lambda: _live_status(environment))
     gevent.spawn(_sample_forever, environment, _monitor)
+    if opts.progress_json:
+        gevent.spawn(_progress_forever, environment)
 
 
 _USER_CLASSES = {
@@ -652,6 +710,38 @@ def _sample_forever(environment: Environment, monitor: Monitor) -> None:
             monitor.metrics_error = f"{type(exc).__name__}: {exc}"[:200]
         n += 1
         gevent.sleep(monitor.sample_interval_s)
+
+
+def _progress(environment: Environment, report: slo.Report, *, final: bool) -> None:
+    """The report's numbers so far as ``--progress-json`` (:mod:`loadtests.progress`)."""
+    opts = _options(environment)
+    start = _run_window.get("start")
+    if start is None:
+        return
+    run_time = getattr(opts, "run_time", None)
+    snapshot = progress.of_numbers(
+        report.numbers,
+        elapsed_s=_run_window.get("stop", time.time()) - start,
+        total_s=float(run_time) if run_time else None,
+        users=_users_by_class(environment),
+        final=final,
+    )
+    progress.write(opts.progress_json, snapshot)
+
+
+def _progress_forever(environment: Environment) -> None:
+    opts = _options(environment)
+    interval = max(0.2, float(opts.progress_interval_s))
+    while True:
+        gevent.sleep(interval)
+        if "start" not in _run_window or "stop" in _run_window:
+            continue
+        try:
+            # The gate's own evaluation of the records so far: the same numbers, not a copy.
+            report = slo.evaluate(collect(environment, _monitor), _thresholds(opts))
+            _progress(environment, report, final=False)
+        except Exception as exc:  # progress is a view: never let it stop the run
+            print(f"progress: {type(exc).__name__}: {exc}", flush=True)
 
 
 @_on(events.request)
@@ -731,9 +821,13 @@ def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
         "users": getattr(opts, "num_users", None),
         "attack_share": opts.attack_share,
         "upstream_profile": opts.upstream_profile,
+        "upstream_kind": opts.upstream_kind,
+        "model": opts.model,
+        "attacks_left_out": _attacks_left_out(environment),
         "unexpected_codes": {k: v for k, v in _tally.items() if k.startswith("unexpected")},
     }
     if monitor is not None:
+        data.target["memory_from"] = {w.name: w.source for w in (monitor.guard, monitor.upstream)}
         data.guard_peak_rss = monitor.guard.peak
         data.upstream_peak_rss = monitor.upstream.peak
         data.guard_rejections = dict(monitor.metrics.rejections)
@@ -799,6 +893,8 @@ def _gate(environment: Environment, **_: Any) -> None:
         report.write_json(opts.slo_json)
     if opts.timeline_json:
         tl.write(opts.timeline_json, _timeline_data(monitor))
+    if opts.progress_json:
+        _progress(environment, report, final=True)
     environment.process_exit_code = 0 if report.passed else 1
     if monitor is not None:
         monitor.close()

@@ -6,9 +6,11 @@ report's rejections over time).
 Driven by the caller (the locustfile calls :meth:`Monitor.sample` from a greenlet every
 ``sample_interval_s``, and :meth:`Monitor.scrape` every ``scrape_every`` samples); nothing here
 starts a thread. :meth:`Monitor.periods` says how often both actually happened (a busy load
-generator samples later than asked), which the report states. Pids are known when ``schedguard
-load`` started the servers; against a remote ``--host`` only ``/metrics`` is read and RSS is
-reported as unknown.
+generator samples later than asked), which the report states. A server's memory is read from its
+pid when known (it runs here: ``schedguard load`` started it, or ``--guard-pid`` /
+``--upstream-pid`` named it), else from its Prometheus ``/metrics`` when one is given
+(``process_resident_memory_bytes``, summed over the processes that export it: the guard's,
+vLLM's API server), else it is unknown.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from guard.isolation import PeakRssSampler
 
-__all__ = ["GuardMetricsSnapshot", "Monitor", "Watched", "parse_guard_metrics"]
+__all__ = ["GuardMetricsSnapshot", "Monitor", "Watched", "parse_guard_metrics", "resident_bytes"]
 
 REJECTIONS = "schedguard_guard_rejections"
+RESIDENT = "process_resident_memory_bytes"
 IN_FLIGHT = "schedguard_guard_in_flight_requests"
 # Memory series are thinned to at most this many points (the slope needs the shape, not every
 # sample; a 10-minute soak at 1 Hz is 600).
@@ -58,13 +61,29 @@ def parse_guard_metrics(text: str) -> GuardMetricsSnapshot:
     return snap
 
 
-class Watched:
-    """One server process: current and peak RSS (itself and its children), alive or not."""
+def resident_bytes(text: str) -> int | None:
+    """``process_resident_memory_bytes`` of a Prometheus text, summed over its samples (one
+    per process that exports it); None when it has none."""
+    values = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == RESIDENT
+    ]
+    return int(sum(values)) if values else None
 
-    def __init__(self, name: str, pid: int | None) -> None:
+
+class Watched:
+    """One server: current and peak RSS, from its pid (itself and its children, alive or not)
+    or, without one, from its ``/metrics`` (``metrics_url``)."""
+
+    def __init__(self, name: str, pid: int | None, metrics_url: str | None = None) -> None:
         self.name = name
         self.pid = pid
         self.sampler = PeakRssSampler(pid, include_children=True) if pid else None
+        self.metrics_url = None if pid else metrics_url
+        self.metrics_peak: int | None = None
+        self.metrics_error: str | None = None
         self.series: list[tuple[float, int]] = []
         self.current = 0
         self.died_at: float | None = None  # seconds into the run it was first seen gone
@@ -73,7 +92,16 @@ class Watched:
 
     @property
     def peak(self) -> int | None:
-        return self.sampler.peak_bytes if self.sampler is not None else None
+        if self.sampler is not None:
+            return self.sampler.peak_bytes
+        return self.metrics_peak
+
+    @property
+    def source(self) -> str | None:
+        """Where the memory comes from: ``pid N``, the metrics URL, or None (unknown)."""
+        if self.pid:
+            return f"pid {self.pid}"
+        return self.metrics_url
 
     def alive(self) -> bool | None:
         if self.pid is None:
@@ -83,8 +111,10 @@ class Watched:
         except psutil.Error:
             return False
 
-    def sample(self, t: float) -> None:
+    def sample(self, t: float, timeout_s: float = 2.0) -> None:
         if self.sampler is None:
+            if self.metrics_url is not None:
+                self._sample_metrics(t, timeout_s)
             return
         if not self.alive():
             self.current = 0
@@ -93,6 +123,26 @@ class Watched:
             return
         self.current = self.sampler.current_bytes()
         self.sampler.sample_now()
+        self._record(t)
+
+    def _sample_metrics(self, t: float, timeout_s: float) -> None:
+        assert self.metrics_url is not None
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=timeout_s) as resp:
+                rss = resident_bytes(resp.read().decode("utf-8", "replace"))
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            self.metrics_error = f"{type(exc).__name__}: {exc}"[:200]
+            return
+        if rss is None:
+            self.metrics_error = f"no {RESIDENT} in {self.metrics_url}"
+            return
+        self.metrics_error = None
+        self.current = rss
+        # Sampled, not the kernel's high-water mark: a spike between two scrapes is not seen.
+        self.metrics_peak = max(rss, self.metrics_peak or 0)
+        self._record(t)
+
+    def _record(self, t: float) -> None:
         self._seen += 1
         if self._seen % self._stride == 0:
             self.series.append((t, self.current))
@@ -131,9 +181,11 @@ class Monitor:
         guard_url: str | None = None,
         upstream_url: str | None = None,
         upstream_health_path: str = "/health",
+        guard_metrics_url: str | None = None,
+        upstream_metrics_url: str | None = None,
     ) -> None:
-        self.guard = Watched("guard", guard_pid)
-        self.upstream = Watched("upstream", upstream_pid)
+        self.guard = Watched("guard", guard_pid, guard_metrics_url)
+        self.upstream = Watched("upstream", upstream_pid, upstream_metrics_url)
         self.guard_url = guard_url.rstrip("/") if guard_url else None
         self.upstream_url = upstream_url.rstrip("/") if upstream_url else None
         self.upstream_health_path = upstream_health_path
@@ -219,7 +271,8 @@ class Monitor:
         for w in (self.guard, self.upstream):
             out[w.name] = {
                 "pid": w.pid,
-                "rss_mb": round(w.current / (1 << 20), 1) if w.pid else None,
+                "rss_source": w.source,
+                "rss_mb": round(w.current / (1 << 20), 1) if w.peak is not None else None,
                 "peak_rss_mb": None if w.peak is None else round(w.peak / (1 << 20), 1),
                 "alive": w.alive(),
                 "died_at_s": w.died_at,

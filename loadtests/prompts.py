@@ -16,6 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from loadtests.target import REFERENCE_MODEL
+
 __all__ = ["BenignMix", "BenignRequest", "LengthModel", "PromptKind", "make_request"]
 
 PromptKind = Literal["chat", "completion"]
@@ -85,7 +87,7 @@ class BenignMix:
     chat_weight: float = 3.0
     completion_weight: float = 1.0
     stream_share: float = 0.5
-    model: str = "schedguard-ref"
+    model: str = REFERENCE_MODEL
     prompt_tokens: LengthModel = PROMPT_TOKENS
     output_tokens: LengthModel = OUTPUT_TOKENS
 

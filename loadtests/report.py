@@ -593,6 +593,12 @@ def _run_line(run: Run) -> str:
         parts.append(f"started {started:%Y-%m-%d %H:%M:%S} UTC")
     if target.get("host"):
         parts.append(f"target {target['host']}")
+    if target.get("upstream_kind") and target.get("upstream_kind") != "reference":
+        parts.append(f"{target['upstream_kind']} upstream serving {target.get('model')}")
+    memory = target.get("memory_from") or {}
+    known = [f"{name} from {where}" for name, where in sorted(memory.items()) if where]
+    if known:
+        parts.append("memory: " + ", ".join(known))
     return ", ".join(_e(p) for p in parts)
 
 

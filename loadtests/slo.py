@@ -44,6 +44,7 @@ __all__ = [
     "Report",
     "RunData",
     "Thresholds",
+    "benign_errors",
     "evaluate",
     "load_baseline_p99",
     "percentile",
@@ -271,9 +272,16 @@ def _p99_check(p99: float | None, th: Thresholds) -> Check:
     return check
 
 
+def benign_errors(data: RunData) -> tuple[int, int]:
+    """(failed, sent) of the benign traffic: the synthetic requests and the look-alikes."""
+    return (
+        data.benign_failures + data.lookalike_failures,
+        data.benign_requests + data.lookalike_requests,
+    )
+
+
 def _benign_errors_check(data: RunData, th: Thresholds) -> Check:
-    errors = data.benign_failures + data.lookalike_failures
-    total = data.benign_requests + data.lookalike_requests
+    errors, total = benign_errors(data)
     return Check(
         "benign errors",
         f"<= {th.max_benign_errors}",
@@ -407,6 +415,7 @@ def _numbers(
         "benign_p99_ratio": None if ratio is None else round(ratio, 3),
         "lookalike_requests": data.lookalike_requests,
         "lookalike_failures": data.lookalike_failures,
+        "benign_errors": benign_errors(data)[0],
         "ttft_p50_ms": percentile(data.ttft_ms, 0.5),
         "ttft_p99_ms": percentile(data.ttft_ms, 0.99),
         "itl_p50_ms": percentile(data.itl_ms, 0.5),

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from loadtests.httpclient import send_raw
+from loadtests.replay import with_model
 from payloads.loader import CLASSES, Payload
 
 __all__ = [
@@ -63,7 +64,6 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "upstreams" / "upstreams.py"
-CORPUS_MODEL = b'"schedguard-ref"'
 # llama-cpp-python 0.3.36 answers a body its pydantic models refuse with 500 "N validation
 # error(s): ...", and embeddings from a model not loaded for them with a 500 that says so: its
 # refusals of input it does not take, not faults (fuzz.live's campaigns agree).
@@ -329,7 +329,7 @@ def _slow_transport(payload: Payload) -> bool:
 def prepare(payload: Payload, model: str) -> tuple[list[tuple[str, str]], bytes]:
     """The payload's headers and body with the corpus's model name replaced by ``model``
     (bytes for bytes, so malformed and deep bodies stay exactly as they are otherwise)."""
-    body = payload.body_bytes().replace(CORPUS_MODEL, json.dumps(model).encode())
+    body = with_model(payload.body_bytes(), model)
     return payload.header_items(), body
 
 

@@ -3,12 +3,16 @@
 Starts the reference scheduler (``--upstream-profile``, under a memory cap, with a simulated GPU
 cost model so that latencies, time to first token and inter-token gaps look like a real
 server's) and the guard in front of it (``loadtests/policy.yaml``), or targets ``--host``; runs
-``loadtests/locustfile.py`` in a locust subprocess (gevent's monkey-patching stays there);
+``loadtests/locustfile.py`` in a locust subprocess (gevent's monkey-patching stays there),
+showing its progress on stderr meanwhile (``--quiet``, ``--progress-interval``);
 writes locust's CSV, HTML and JSON reports, the SLO report, the run over time
 (``timeline.json``) and ``report.html`` (:mod:`loadtests.report`: SLO verdicts, latency, attack
 share, rejections by code and memory over time) to ``--out``; prints the SLO table; exits 0 when
 every SLO holds, 1 when one fails, 2 when the run could not happen. ``--no-guard`` sends the
-same traffic straight at the upstream, for the contrast; ``--compare DIR`` puts such a run's
+same traffic straight at the upstream, for the contrast. Against ``--host`` the model and the
+upstream's kind are read from its ``/v1/models`` (``--model``, ``--upstream-kind``; the benign
+mix is fitted to the kind, :mod:`loadtests.fit`) and the servers' memory from ``--guard-pid`` /
+``--upstream-pid`` or their Prometheus ``/metrics``; ``--compare DIR`` puts such a run's
 results beside this one's in ``report.html``; ``--report-only`` rewrites ``report.html`` from
 ``--out`` without running. ``--scenario guided-compile`` runs issue 23's guided compile budget
 phase instead (``loadtests/guided_policy.yaml``, :mod:`loadtests.guided`): one tenant warming
@@ -29,14 +33,25 @@ import math
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtests import progress
+from loadtests.target import KINDS, REFERENCE_MODEL
 from schedguard._argtypes import fraction, non_negative_float, positive_float, positive_int
 
-__all__ = ["COSTS", "add_parser", "locust_argv", "run", "split_users", "upstream_main"]
+__all__ = [
+    "COSTS",
+    "add_parser",
+    "locust_argv",
+    "progress_interval",
+    "run",
+    "split_users",
+    "upstream_main",
+]
 
 # Simulated step times (seconds): a decode step of a mid-size model on one GPU takes ~12 ms plus
 # a little per sequence in the batch; prefill runs at ~20k tokens/s.
@@ -46,7 +61,12 @@ COSTS: dict[str, dict[str, float]] = {
 }
 _START_TIMEOUT_S = 60.0
 _LOCUST_GRACE_S = 90.0
+# Progress every 2 s on a terminal (a line rewritten in place costs nothing to read), every
+# 10 s into a log (a line each time).
+PROGRESS_TTY_S = 2.0
+PROGRESS_PLAIN_S = 10.0
 MB = 1 << 20
+PROGRESS_FILE = "progress.json"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,6 +85,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _add_servers(p)
     _add_slos(p)
     _add_reports(p)
+    _add_progress(p)
     _add_ui(p)
     p.add_argument(
         "locust_args",
@@ -129,11 +150,49 @@ def _add_servers(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", help="target this running guard (or server) instead")
     p.add_argument(
+        "--model",
+        help="with --host: the model benign requests (and the corpus's bodies) name; "
+        "default: the first of the target's GET /v1/models",
+    )
+    p.add_argument(
+        "--upstream-kind",
+        choices=("auto", *KINDS),
+        default="auto",
+        help="with --host: what serves the model, which decides the benign look-alikes sent "
+        "(loadtests/fit.py: the reference's own fields only to the reference); auto: from "
+        "/v1/models owned_by",
+    )
+    p.add_argument(
+        "--guard-pid",
+        type=positive_int,
+        help="with --host: the guard's pid on this machine, for its RSS (peak, over time)",
+    )
+    p.add_argument(
+        "--upstream-pid",
+        type=positive_int,
+        help="with --host: the upstream's pid on this machine (its children counted), for its "
+        "RSS and liveness",
+    )
+    p.add_argument(
+        "--guard-metrics",
+        metavar="URL",
+        help="with --host, without --guard-pid: the guard's Prometheus metrics, for its RSS "
+        "(process_resident_memory_bytes); default: --host's /metrics when --host is a guard",
+    )
+    p.add_argument(
+        "--upstream-metrics",
+        metavar="URL",
+        help="with --host, without --upstream-pid: the upstream's Prometheus metrics (vLLM's "
+        "/metrics), for its RSS (process_resident_memory_bytes)",
+    )
+    p.add_argument(
         "--no-guard", action="store_true", help="send the traffic straight at the upstream"
     )
     p.add_argument(
         "--policy",
-        help="guard policy file; without it loadtests/policy.yaml (guided_policy.yaml with --scenario guided-compile)",
+        help="guard policy file; without it loadtests/policy.yaml (guided_policy.yaml with "
+        "--scenario guided-compile); with --host, the policy whose verdicts say which attacks the "
+        "guard admits in front of the upstream's kind by design (those are not sent)",
     )
     p.add_argument(
         "--upstream-cost",
@@ -174,6 +233,35 @@ def _add_reports(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    """What the command shows while the run goes on."""
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress while the run goes on (CI logs): only the final summary",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=positive_float,
+        metavar="S",
+        help=(
+            "seconds between progress updates (elapsed/total, users, benign req/s, p50, p99 "
+            "and errors, attacks refused): on a terminal (stderr a TTY) one line rewritten "
+            f"in place every {PROGRESS_TTY_S:g} s unless given, otherwise a plain line every "
+            f"{PROGRESS_PLAIN_S:g} s (none with --ui: the web UI shows the run)"
+        ),
+    )
+
+
+def progress_interval(args: argparse.Namespace, tty: bool) -> float | None:
+    """Seconds between progress updates; None with ``--quiet``."""
+    if args.quiet:
+        return None
+    if args.progress_interval is not None:
+        return float(args.progress_interval)
+    return PROGRESS_TTY_S if tty else PROGRESS_PLAIN_S
+
+
 def _add_ui(p: argparse.ArgumentParser) -> None:
     """Locust's web UI."""
     p.add_argument("--ui", action="store_true", help="locust's web UI with the schedguard tab")
@@ -203,10 +291,18 @@ class LoadEndpoints:
     upstream_url: str | None
     guard_pid: int | None
     upstream_pid: int | None
+    model: str = REFERENCE_MODEL
+    kind: str = "reference"
+    guard_metrics_url: str | None = None
+    upstream_metrics_url: str | None = None
+    attacks_left_out: str | None = None  # a JSON file: {attack id: why} (loadtests.fit)
 
 
-def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> list[str]:
-    """The locust command line for ``args`` against ``target``."""
+def locust_argv(
+    args: argparse.Namespace, target: LoadEndpoints, out: Path, progress_s: float | None = None
+) -> list[str]:
+    """The locust command line for ``args`` against ``target``; the run's progress written to
+    ``out/progress.json`` every ``progress_s`` seconds when given."""
     import loadtests
 
     guided = args.scenario == "guided-compile"
@@ -245,6 +341,10 @@ def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> l
         args.upstream_profile if not args.host else "any",
         "--seed",
         str(args.seed),
+        "--model",
+        target.model,
+        "--upstream-kind",
+        target.kind,
         "--slo-json",
         str(out / "slo.json"),
         "--timeline-json",
@@ -261,6 +361,13 @@ def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> l
             "--guided-json",
             str(out / "guided.json"),
         ]
+    if progress_s is not None:
+        cmd += [
+            "--progress-json",
+            str(out / PROGRESS_FILE),
+            "--progress-interval-s",
+            repr(progress_s),
+        ]
     if args.ui:
         cmd += ["--autostart", "--web-host", "127.0.0.1", "--web-port", str(args.web_port)]
         if args.ui_linger >= 0:
@@ -274,6 +381,9 @@ def locust_argv(args: argparse.Namespace, target: LoadEndpoints, out: Path) -> l
         ("--upstream-url", target.upstream_url),
         ("--guard-pid", target.guard_pid),
         ("--upstream-pid", target.upstream_pid),
+        ("--guard-metrics-url", target.guard_metrics_url),
+        ("--upstream-metrics-url", target.upstream_metrics_url),
+        ("--attacks-left-out-json", target.attacks_left_out),
         ("--slo-baseline", args.baseline),
         ("--slo-p99-ms", args.p99_ms),
         ("--slo-max-p99-ratio", args.max_p99_ratio),
@@ -325,8 +435,15 @@ def run(args: argparse.Namespace) -> int:
     if args.host and args.no_guard:
         _err("--no-guard starts its own upstream; it cannot be combined with --host")
         return 2
+    from guard.errors import PolicyError
+    from loadtests.target import TargetError
     from schedguard.servers import RunningServer, ServerStartError
 
+    if not args.host and (args.guard_pid or args.upstream_pid or args.model):
+        _err(
+            "--guard-pid, --upstream-pid and --model go with --host (the servers started here are known)"
+        )
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     for stale in (
         "slo.json",
@@ -335,6 +452,8 @@ def run(args: argparse.Namespace) -> int:
         "report.html",
         "locust_report.html",
         "guided.json",
+        PROGRESS_FILE,
+        "attacks_left_out.json",
     ):
         with contextlib.suppress(FileNotFoundError):
             (out / stale).unlink()
@@ -346,7 +465,15 @@ def run(args: argparse.Namespace) -> int:
         except (ServerStartError, OSError) as exc:
             _err(f"could not start the servers: {exc}")
             return 2
-        cmd = locust_argv(args, target, out)
+        except TargetError as exc:
+            _err(f"--host {args.host}: {exc}")
+            return 2
+        except PolicyError as exc:
+            _err(f"--policy: {exc}")
+            return 2
+        tty = sys.stderr.isatty()
+        interval = None if args.ui else progress_interval(args, tty)
+        cmd = locust_argv(args, target, out, interval)
         (out / "command.txt").write_text(" ".join(cmd) + "\n")
         if args.ui:
             print(
@@ -355,7 +482,8 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        code = _run_locust(cmd, out, None if args.ui else args.duration + _LOCUST_GRACE_S)
+        shown = None if interval is None else _ProgressView(out / PROGRESS_FILE, interval, tty)
+        code = _run_locust(cmd, out, None if args.ui else args.duration + _LOCUST_GRACE_S, shown)
         return _finish(args, out, servers, code)
     finally:
         for server in reversed(servers):
@@ -368,8 +496,7 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> LoadEndpoint
     from schedguard.servers import RunningServer, ServerSpec, free_port, schedguard_argv
 
     if args.host:
-        host = args.host.rstrip("/")
-        return LoadEndpoints(host, host, None, None, None)
+        return _host_endpoints(args)
     bind = "127.0.0.1"
     ports = {"upstream": free_port(bind), "guard": free_port(bind)}
     upstream_spec = ServerSpec(
@@ -433,11 +560,136 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> LoadEndpoint
     return LoadEndpoints(guard.url, guard.url, upstream.url, guard.proc.pid, upstream.proc.pid)
 
 
-def _run_locust(cmd: Sequence[str], out: Path, timeout_s: float | None) -> int:
+class _ProgressView:
+    """Shows ``progress.json`` (written by the locust master) on stderr every ``interval_s``:
+    on a terminal one line rewritten in place, otherwise a line each time."""
+
+    def __init__(self, path: Path, interval_s: float, tty: bool) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self.tty = tty
+        self.shown = ""
+        self.closed = False
+        self._next = time.monotonic() + interval_s
+
+    def due(self) -> float:
+        """Seconds until the next update."""
+        return max(0.0, self._next - time.monotonic())
+
+    def update(self, force: bool = False) -> None:
+        if not force and self.due() > 0:
+            return
+        self._next = time.monotonic() + self.interval_s
+        snapshot = progress.read(self.path)
+        if snapshot is None:
+            return
+        line = progress.render(snapshot)
+        if self.tty:
+            # \r and erase-line: the same line, updated.
+            sys.stderr.write(f"\r\x1b[2K{line}")
+        elif line != self.shown or not snapshot.final:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        self.shown = line
+
+    def close(self) -> None:
+        """The last progress (the gate's own), and the line ended, once."""
+        if self.closed:
+            return
+        self.closed = True
+        self.update(force=True)
+        if self.tty and self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], timeout_s: float | None, view: _ProgressView | None
+) -> int:
+    """``proc.wait(timeout_s)``, updating ``view`` meanwhile."""
+    if view is None:
+        return proc.wait(timeout=timeout_s)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        step = view.due()
+        if deadline is not None:
+            step = min(step, deadline - time.monotonic())
+        try:
+            code = proc.wait(timeout=max(0.05, step))
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            view.update()
+            continue
+        view.close()
+        return code
+
+
+def _host_endpoints(args: argparse.Namespace) -> LoadEndpoints:
+    """``--host`` and what the command line and the target itself say about it: the model and
+    the upstream's kind (:func:`loadtests.target.discover`), and where the memory of the guard
+    and the upstream can be read."""
+    from loadtests.target import discover, is_guard
+
+    host = args.host.rstrip("/")
+    found = discover(host, model=args.model, kind=args.upstream_kind)
+    guard_metrics = args.guard_metrics
+    if guard_metrics is None and args.guard_pid is None and is_guard(host):
+        guard_metrics = host + "/metrics"
+    print(
+        f"schedguard load: {host} serves {found.model!r} ({found.kind}; {found.source})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return LoadEndpoints(
+        host,
+        host,
+        None,
+        args.guard_pid,
+        args.upstream_pid,
+        model=found.model,
+        kind=found.kind,
+        guard_metrics_url=None if args.guard_pid else guard_metrics,
+        upstream_metrics_url=None if args.upstream_pid else args.upstream_metrics,
+        attacks_left_out=_attacks_left_out(args, found.kind),
+    )
+
+
+def _attacks_left_out(args: argparse.Namespace, kind: str) -> str | None:
+    """The attacks the guard admits in front of ``kind`` by design (another upstream's:
+    :func:`loadtests.fit.attacks_left_out`, judged under ``--policy`` or the load tests'),
+    written to ``--out``; None when none is."""
+    import loadtests
+    from guard.policy import load_policy
+    from loadtests.fit import attacks_left_out
+    from loadtests.replay import load_attacks
+    from loadtests.target import ATTACK_KEY
+
+    if kind in ("reference", "other") or args.scenario != "mixed":
+        return None
+    policy = load_policy(args.policy or str(Path(loadtests.__file__).with_name("policy.yaml")))
+    attacks = [replay.payload for replay in load_attacks()]
+    left = attacks_left_out(attacks, kind, policy, ATTACK_KEY)
+    if not left:
+        return None
+    path = Path(args.out) / "attacks_left_out.json"
+    path.write_text(json.dumps(left, indent=1, sort_keys=True) + "\n")
+    print(
+        f"schedguard load: {len(left)} attacks left out, the guard admits them in front of "
+        f"{kind} by design: {', '.join(sorted(left))}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return str(path)
+
+
+def _run_locust(
+    cmd: Sequence[str], out: Path, timeout_s: float | None, view: _ProgressView | None = None
+) -> int:
     with open(out / "locust.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            return proc.wait(timeout=timeout_s)
+            return _wait(proc, timeout_s, view)
         except subprocess.TimeoutExpired:
             _err(f"locust did not finish within {timeout_s:g} s; stopping it")
             return _stop(proc)
@@ -447,6 +699,9 @@ def _run_locust(cmd: Sequence[str], out: Path, timeout_s: float | None) -> int:
         except BaseException:
             _stop(proc)
             raise
+        finally:
+            if view is not None:
+                view.close()  # the summary starts on a line of its own
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:

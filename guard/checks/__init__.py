@@ -10,6 +10,7 @@ the policy composes as ``limits.<name>``; and it reads the policy through a
 a policy's ``checks`` list uses to the functions; :mod:`guard.pipeline` runs them in order.
 """
 
+from guard.checks._llamacpp import check_llama_cpp_shapes
 from guard.checks._logprob_work import logprob_work
 from guard.checks._policy import PolicyView
 from guard.checks._registry import CHECK_NAMES, CHECKS, CheckFn, CheckLimits, CheckSections
@@ -42,6 +43,7 @@ __all__ = [
     "apply_mutations",
     "check_fanout",
     "check_guided",
+    "check_llama_cpp_shapes",
     "check_multimodal",
     "check_schema",
     "check_templates",
