@@ -248,7 +248,7 @@ async def measure(base_url: str, args: Any) -> Result:
             ]
             await asyncio.sleep(min(1.0, args.duration / 10))  # the flood is under way first
             await _chat_loop(client, result, "flood", model, args, t0, until)
-            result.readyz = (await client.get("/readyz")).json()
+            result.readyz = await _readyz(client, args.timeout)
             # Flood workers finish the stream they are in; an unread one is closed by its hold.
             _, pending = await asyncio.wait(workers, timeout=args.timeout)
             for task in pending:
@@ -257,6 +257,16 @@ async def measure(base_url: str, args: Any) -> Result:
         finally:
             await flood_client.aclose()
     return result
+
+
+async def _readyz(client: httpx.AsyncClient, timeout: float) -> dict[str, Any]:
+    """The guard's /readyz (its capacity in force); {} when it does not say in time (it asks
+    the upstream, which may be busy)."""
+    try:
+        answer = (await client.get("/readyz", timeout=timeout)).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return answer if isinstance(answer, dict) else {}
 
 
 def _progress(message: str) -> None:
@@ -268,7 +278,9 @@ def start_guard(upstream: str | None, policy: Path, src: str | None) -> RunningS
         args = ["serve", "--policy", str(policy), "--host", host, "--port", str(ports["guard"]),
                 "--log-level", "warning"]  # fmt: skip
         args += ["--upstream", upstream] if upstream else ["--embedded-reference"]
-        return schedguard_argv(*args)
+        argv = schedguard_argv(*args)
+        # -P: the working directory (this checkout) does not go before --src on sys.path.
+        return [argv[0], "-P", *argv[1:]] if src else argv
 
     if src:  # the child inherits this process's environment
         os.environ["PYTHONPATH"] = f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
