@@ -1,0 +1,63 @@
+"""A fair share of real upstreams (issue 25 item 4): bench/fair_share.py through the guard.
+
+One tenant keeps 8 long streams open (4 never read) while another sends short chats, one at a
+time: every chat is answered (before, behind llama-cpp-python, chats got 503 after the queue's
+5 s or no answer at all while unread streams held its one slot), the guard's capacity in force
+is the upstream's (llama-cpp-python: its kind; vLLM: its /metrics), and the chat tenant's median
+stays near its solo median. The figures are in bench/README.md ("fair share").
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._support import REPO_ROOT
+from tests.e2e.conftest import RunningUpstream
+
+# The chat tenant's median under the flood, at most this multiple of its solo median: one
+# generation step of a flood stream is the most a chat waits for (measured 2.2x in front of
+# llama-cpp-python, whose tiny model's steps are long; see bench/README.md).
+MAX_P50_RATIO = 4.0
+
+
+def _run(upstream: RunningUpstream, tmp: Path, *extra: str) -> dict[str, object]:
+    out = tmp / "fair.json"
+    argv = [sys.executable, str(REPO_ROOT / "bench" / "fair_share.py"), "--upstream",
+            upstream.base_url, "--solo", "6", "--duration", "20", "--json", str(out), *extra]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary: dict[str, object] = json.loads(out.read_text())["summary"]
+    return summary
+
+
+def _assert_fair(summary: dict[str, object], source: str) -> None:
+    assert summary["chat_unanswered"] == 0, summary
+    solo, flood = summary["chat_solo"], summary["chat_flood"]
+    assert isinstance(solo, dict) and isinstance(flood, dict)
+    assert flood["n"] > 0, summary
+    assert flood["p50"] <= MAX_P50_RATIO * solo["p50"], summary
+    capacity = summary["capacity"]
+    assert isinstance(capacity, dict) and capacity["capacity_source"] == source, summary
+
+
+def test_llama_cpp_python_chats_are_answered_beside_a_flood(
+    llamacpp_upstream: RunningUpstream, tmp_path: Path
+) -> None:
+    # 128 tokens: the tiny random model's text does not decode, and llama-cpp-python
+    # detokenises such a stream in superlinear time inside one step (256 tokens: 3.7 s, 2048:
+    # over 15 minutes), which no proxy can interrupt; see docs/FINDINGS.md.
+    summary = _run(llamacpp_upstream, tmp_path, "--flood-tokens", "128")
+    _assert_fair(summary, "kind")
+
+
+@pytest.mark.timeout(900)
+def test_vllm_chats_are_answered_beside_a_flood(
+    vllm_upstream: RunningUpstream, tmp_path: Path
+) -> None:
+    summary = _run(vllm_upstream, tmp_path, "--flood-tokens", "1024", "--flood-n", "4")
+    _assert_fair(summary, "upstream")
