@@ -1,10 +1,10 @@
 """A fair share of real upstreams (issue 25 item 4): bench/fair_share.py through the guard.
 
 One tenant keeps 8 long streams open (4 never read) while another sends short chats, one at a
-time: every chat is answered (before, behind llama-cpp-python, chats got 503 after the queue's
-5 s or no answer at all while unread streams held its one slot), the guard's capacity in force
-is the upstream's (llama-cpp-python: its kind; vLLM: its /metrics), and the chat tenant's median
-stays near its solo median. The figures are in bench/README.md ("fair share").
+time: every chat is answered, none refused or left waiting past 20 s, and the guard's capacity
+in force is the upstream's (llama-cpp-python: its kind; vLLM: its /metrics). What the decisions
+buy in latency is a figure, not asserted here (it depends on the machine): bench/README.md
+("A fair share of the upstream") has it, side by side with the guard before.
 """
 
 from __future__ import annotations
@@ -18,11 +18,6 @@ import pytest
 
 from tests._support import REPO_ROOT
 from tests.e2e.conftest import RunningUpstream
-
-# The chat tenant's median under the flood, at most this multiple of its solo median: one
-# generation step of a flood stream is the most a chat waits for (measured 2.2x in front of
-# llama-cpp-python, whose tiny model's steps are long; see bench/README.md).
-MAX_P50_RATIO = 4.0
 
 
 def _run(upstream: RunningUpstream, tmp: Path, *extra: str) -> dict[str, object]:
@@ -39,8 +34,7 @@ def _assert_fair(summary: dict[str, object], source: str) -> None:
     assert summary["chat_unanswered"] == 0, summary
     solo, flood = summary["chat_solo"], summary["chat_flood"]
     assert isinstance(solo, dict) and isinstance(flood, dict)
-    assert flood["n"] > 0, summary
-    assert flood["p50"] <= MAX_P50_RATIO * solo["p50"], summary
+    assert solo["n"] > 0 and flood["n"] > 0, summary
     capacity = summary["capacity"]
     assert isinstance(capacity, dict) and capacity["capacity_source"] == source, summary
 
