@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--port", type=port, default=8000, help="TCP port to bind")
     ref.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="uvicorn log level")
     ref.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default="json",
+        help="format of every line written to stderr (uvicorn's and the server's messages): "
+        "json, one object a line, as `schedguard serve` writes them, or text, for a terminal",
+    )
+    ref.add_argument(
         "--keep-running-on-memory-error",
         action="store_true",
         help=(
@@ -307,6 +314,8 @@ def _run_ref(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
 
+    from guard.telemetry import logging_config
+
     app = create_app(get_profile(args.profile))
     if not args.keep_running_on_memory_error:
         from schedguard._oom import exit_on_memory_error
@@ -319,6 +328,7 @@ def _run_ref(args: argparse.Namespace) -> int:
         loop="uvloop",
         http="httptools",
         log_level=args.log_level,
+        log_config=logging_config(args.log_format, args.log_level),
         access_log=args.log_level in ("debug", "trace"),
     )
     return 0

@@ -34,13 +34,13 @@ def _post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
         conn.close()
 
 
-def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], path: str = "/healthz") -> None:
     deadline = time.monotonic() + 60  # an outer bound on the child's start, not a timing
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "the guard exited"
+        assert proc.poll() is None, "the server exited"
         with contextlib.suppress(OSError):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/healthz")
+            conn.request("GET", path)
             if conn.getresponse().status == 200:
                 return
         time.sleep(0.1)  # polling a child's start
@@ -118,3 +118,22 @@ def test_the_flag_is_json_or_text() -> None:
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["extproc", "--log-format", "xml"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_the_reference_server_writes_the_same_formats(log_format: str) -> None:
+    """``schedguard ref --log-format``: uvicorn's lines of the reference scheduler too."""
+    port = free_port()
+    argv = schedguard_argv("ref", "--port", str(port), "--log-format", log_format)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_ready(port, proc, "/health")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert any("Uvicorn running on" in line for line in lines), lines
+    if log_format == "json":
+        assert all(json.loads(line)["logger"] for line in lines)
+    else:
+        assert all(_TEXT.match(line) for line in lines), lines
