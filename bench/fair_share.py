@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,23 @@ def policy_yaml() -> str:
     )
 
 
+async def _repeat(
+    result: Result, tenant: str, phase: str, t0: float, until: float,
+    one: Callable[[Sample, float], Awaitable[None]],
+) -> None:  # fmt: skip
+    """``one(sample, sent)`` again and again until ``until``, each recorded as a sample."""
+    while time.monotonic() < until:
+        sent = time.monotonic()
+        sample = Sample(tenant, phase, sent - t0, None, None)
+        try:
+            await one(sample, sent)
+        except httpx.HTTPError as exc:
+            sample.error = type(exc).__name__
+        result.samples.append(sample)
+        if sample.error is not None:
+            await asyncio.sleep(0.2)  # an error comes back at once: do not spin on it
+
+
 async def _chat_loop(
     client: httpx.AsyncClient, result: Result, phase: str, model: str, args: Any, t0: float,
     until: float,
@@ -157,22 +175,17 @@ async def _chat_loop(
         "max_tokens": args.chat_tokens,
     }
     headers = {"authorization": f"Bearer {CHAT_KEY}"}
-    while time.monotonic() < until:
-        sent = time.monotonic()
-        sample = Sample("chat", phase, sent - t0, None, None)
-        try:
-            resp = await client.post(
-                "/v1/chat/completions", json=body, headers=headers, timeout=args.timeout
-            )
-            sample.status = resp.status_code
-            sample.latency = time.monotonic() - sent
-            if resp.status_code != 200:
-                sample.error = f"{resp.status_code}:{_code(resp)}"
-        except httpx.HTTPError as exc:
-            sample.error = type(exc).__name__
-        result.samples.append(sample)
-        if sample.error is not None:
-            await asyncio.sleep(0.2)  # an error comes back at once: do not spin on it
+
+    async def one(sample: Sample, sent: float) -> None:
+        resp = await client.post(
+            "/v1/chat/completions", json=body, headers=headers, timeout=args.timeout
+        )
+        sample.status = resp.status_code
+        sample.latency = time.monotonic() - sent
+        if resp.status_code != 200:
+            sample.error = f"{resp.status_code}:{_code(resp)}"
+
+    await _repeat(result, "chat", phase, t0, until, one)
 
 
 def _code(resp: httpx.Response) -> str:
@@ -194,28 +207,23 @@ async def _flood_worker(
         "stream": True,
     }
     headers = {"authorization": f"Bearer {FLOOD_KEY}"}
-    while time.monotonic() < until:
-        sent = time.monotonic()
-        sample = Sample("flood", "flood", sent - t0, None, None)
-        try:
-            async with client.stream(
-                "POST", "/v1/chat/completions", json=body, headers=headers, timeout=args.timeout
-            ) as resp:
-                sample.status = resp.status_code
-                if resp.status_code != 200:
-                    await resp.aread()
-                    sample.error = f"{resp.status_code}:{_code(resp)}"
-                elif unread:  # the answer's bytes pile up in the socket buffers
-                    await asyncio.sleep(min(args.hold, max(0.0, until - time.monotonic())))
-                else:
-                    async for _ in resp.aiter_raw():
-                        pass
-                sample.latency = time.monotonic() - sent
-        except httpx.HTTPError as exc:
-            sample.error = type(exc).__name__
-        result.samples.append(sample)
-        if sample.error is not None:
-            await asyncio.sleep(0.2)
+
+    async def one(sample: Sample, sent: float) -> None:
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=body, headers=headers, timeout=args.timeout
+        ) as resp:
+            sample.status = resp.status_code
+            if resp.status_code != 200:
+                await resp.aread()
+                sample.error = f"{resp.status_code}:{_code(resp)}"
+            elif unread:  # the answer's bytes pile up in the socket buffers
+                await asyncio.sleep(min(args.hold, max(0.0, until - time.monotonic())))
+            else:
+                async for _ in resp.aiter_raw():
+                    pass
+            sample.latency = time.monotonic() - sent
+
+    await _repeat(result, "flood", "flood", t0, until, one)
 
 
 async def measure(base_url: str, args: Any) -> Result:

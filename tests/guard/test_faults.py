@@ -197,21 +197,29 @@ async def test_client_disconnecting_while_waiting_cancels_the_upstream_request(
         await settled(app)
 
 
+async def _unread_stream(url: str, body: dict[str, Any], fake_headers: str) -> socket.socket:
+    """A connection with a tiny receive buffer that sends a streamed request and will never
+    read its answer."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, int(port)))
+    data = json.dumps(body).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"{fake_headers}content-length: {len(data)}\r\n\r\n"
+    ).encode()
+    await loop.sock_sendall(sock, head + data)
+    return sock
+
+
 async def test_slow_client_is_cut_and_the_upstream_request_cancelled() -> None:
     async with guard("upstream: {read_timeout_s: 30}", client_timeout_s=0.3) as (url, fake, app):
-        host, port = url.removeprefix("http://").split(":")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        await loop.sock_connect(sock, (host, int(port)))
-        body = json.dumps({**STREAM, "max_tokens": 2000}).encode()
-        head = (
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            f"x-fake: endless\r\nx-fake-pad: 65536\r\ncontent-length: {len(body)}\r\n\r\n"
-        ).encode()
+        endless = "x-fake: endless\r\nx-fake-pad: 65536\r\n"
+        sock = await _unread_stream(url, {**STREAM, "max_tokens": 2000}, endless)
         try:
-            await loop.sock_sendall(sock, head + body)
             # Never read: the guard's writes back up and it gives up after client_timeout_s.
             await wait_for_cancel(fake)
             await settled(app)
@@ -230,19 +238,11 @@ async def test_a_client_that_does_not_read_does_not_hold_the_upstream() -> None:
     )
     async with guard(policy, client_timeout_s=3.0) as (url, fake, app):
         gateway = app.state.gateway
-        host, port = url.removeprefix("http://").split(":")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        await loop.sock_connect(sock, (host, int(port)))
-        body = json.dumps({**STREAM, "max_tokens": 30000}).encode()
-        head = (
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            f"x-fake-tokens: 30000\r\ncontent-length: {len(body)}\r\n\r\n"
-        ).encode()  # ~3 MB of events: far more than the socket buffers take
+        # ~3 MB of events: far more than the socket buffers take.
+        sock = await _unread_stream(
+            url, {**STREAM, "max_tokens": 30000}, "x-fake-tokens: 30000\r\n"
+        )
         try:
-            await loop.sock_sendall(sock, head + body)
             deadline = time.monotonic() + WAIT_S
             while not fake.received or gateway.concurrency.in_flight:
                 assert time.monotonic() < deadline, "the slot was held for the client"
