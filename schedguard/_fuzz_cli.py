@@ -153,8 +153,9 @@ def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=whole,
         default=None,
         metavar="N",
-        help="seed of the engines' random choices, recorded with each finding (default: "
-        "none: search draws one, atheris and hypothesis use 0)",
+        help="seed of the engines' (or the live mutator's) random choices; the report and each "
+        "finding record it, and the same seed makes the same choices again (default: drawn "
+        "at random, and recorded)",
     )
     run.add_argument(
         "--found-root",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from fuzz._exceptions import RemoteTargetRefused, TargetUnreachable
 from fuzz.live._campaign import LiveOptions, find_listener, is_url, run_live_campaign
+from fuzz.live._environment import capture_environment
 from fuzz.live._fields import payload_class, shape_signature
 from fuzz.live._http import HttpClient, Reply, RequestPacer, discover_model, require_loopback
 from fuzz.live._monitor import Health, RssMonitor, parse_prometheus_rss
@@ -50,6 +51,7 @@ __all__ = [
     "RequestPacer",
     "RssMonitor",
     "TargetUnreachable",
+    "capture_environment",
     "discover_model",
     "error_signature",
     "extract_usage",
