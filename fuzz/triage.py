@@ -65,7 +65,7 @@ def signature_of(f: Finding) -> str:
         return f.cause
     status = ev.get("status")
     answer = "no answer" if status is None else f"HTTP {status}"
-    code = ev.get("error_code") or f.outcome.error_type or "-"
+    code = ev.get("error_code") or "-"
     if f.outcome.verdict == "crash":
         answer = f"server died ({answer})"
     return f"{answer}:{code}:{ev.get('request_shape') or '-'}"

@@ -50,8 +50,8 @@ def component_of(
 ) -> dict[str, str | None]:
     """``component`` (a module path or package directory of the upstream), ``function`` (when
     the stack names one) and ``basis`` (``stack`` or ``request field NAME``)."""
-    frames = (evidence or {}).get("frames") or []
-    culprit = _culprit(frames, kind)
+    ev = evidence or {}
+    culprit = _culprit(ev.get("frames") or [], ev.get("culprit"), kind)
     if culprit is not None:
         module, function = culprit
         return {"component": module, "function": function, "basis": "stack"}
@@ -64,21 +64,14 @@ def component_of(
     return {"component": f"upstream:{name}", "function": None, "basis": f"request field {name}"}
 
 
-def _culprit(frames: list[str], kind: str | None) -> tuple[str, str] | None:
-    """The innermost frame in the upstream's own package when there is one, else the innermost
-    frame outside the plumbing (frames are ``module:line function``, innermost first)."""
-    parsed: list[tuple[str, str]] = []
-    for text in frames:
+def _culprit(frames: list[str], culprit: str | None, kind: str | None) -> tuple[str, str] | None:
+    """The innermost frame in the upstream's own package when there is one, else the evidence's
+    culprit (its innermost frame outside the standard library and the plumbing); frames are
+    ``module:line function``, innermost first."""
+    own = _PACKAGES.get(kind or "", ())
+    for text in [*(frames if own else []), *([culprit] if culprit else [])]:
         where, _, function = text.partition(" ")
         module = where.rsplit(":", 1)[0]
-        parsed.append((module, function))
-    own = _PACKAGES.get(kind or "", ())
-    for module, function in parsed:
-        if own and module.startswith(own):
-            return module, function
-    for module, function in parsed:
-        if "/" in module and not module.startswith(
-            ("starlette/", "fastapi/", "uvicorn/", "anyio/", "asyncio/", "concurrent/")
-        ):
+        if text == culprit or module.startswith(own):
             return module, function
     return None

@@ -68,6 +68,11 @@ _SIGNALS = {
     "Floating point exception": "SIGFPE",
     "Illegal instruction": "SIGILL",
 }
+# Exceptions of a client that went away (a timed-out request of the campaign's): another
+# request's noise in the log, not a cause.
+_TRANSPORT_NOISE = frozenset(
+    {"BrokenPipeError", "ConnectionResetError", "ConnectionAbortedError", "CancelledError"}
+)
 _KERNEL = re.compile(r"segfault at|general protection|Out of memory|oom-kill|Killed process")
 
 
@@ -79,10 +84,12 @@ class Frame:
     module: str
     line: int
     function: str
+    stdlib: bool = False
 
     @property
     def plumbing(self) -> bool:
-        return self.module.startswith(_PLUMBING) or "/" not in self.module
+        """The standard library's, or the web and async plumbing's: never a cause."""
+        return self.stdlib or self.module.startswith(_PLUMBING)
 
     def __str__(self) -> str:
         return f"{self.module}:{self.line} {self.function}"
@@ -127,6 +134,7 @@ class Evidence:
             "exception": self.exception,
             "message": self.message,
             "frames": [str(f) for f in self.frames[:8]],
+            "culprit": None if self.culprit is None else str(self.culprit),
             "kernel": self.kernel,
             "log_excerpt": self.excerpt,
         }
@@ -155,6 +163,11 @@ class ServerLog:
                 return f.read(_MAX_READ).decode("utf-8", "replace")
         except OSError:
             return ""
+
+
+def _frame(path: str, line: str, function: str) -> Frame:
+    stdlib = bool(re.search(r"/lib/python3\.\d+/", path)) and "-packages/" not in path
+    return Frame(relative_module(path), int(line), function, stdlib)
 
 
 def relative_module(path: str) -> str:
@@ -187,23 +200,30 @@ def parse_log(text: str) -> Evidence:
             if text_ in line and ("core dumped" in line or line.strip().startswith(text_)):
                 ev.signal = sig
                 return ev
-    tb = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
-    if tb:
-        start = tb[-1]
-        frames: list[Frame] = []
-        for line in lines[start + 1 :]:
-            m = _FRAME.match(line)
-            if m:
-                frames.append(Frame(relative_module(m.group(1)), int(m.group(2)), m.group(3)))
-                continue
-            e = _EXCEPTION.match(line.strip()) if not line.startswith(" ") else None
-            if e:
-                ev.exception = e.group(1).rsplit(".", 1)[-1]
-                ev.message = (e.group(2) or "")[:500] or None
-                break
-        ev.frames = frames[::-1]
+    blocks = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    # The last traceback that is not a client's connection going away (another request's).
+    for start in reversed(blocks):
+        exception, message, frames = _traceback(lines[start + 1 :])
+        if exception in _TRANSPORT_NOISE:
+            continue
+        ev.exception, ev.message, ev.frames = exception, message, frames
         ev.excerpt = "\n".join(lines[max(0, start - 2) :][:_EXCERPT_LINES])
+        break
     return ev
+
+
+def _traceback(lines: Sequence[str]) -> tuple[str | None, str | None, list[Frame]]:
+    """The exception type, message and frames (innermost first) of one traceback's lines."""
+    frames: list[Frame] = []
+    for line in lines:
+        m = _FRAME.match(line)
+        if m:
+            frames.append(_frame(m.group(1), m.group(2), m.group(3)))
+            continue
+        e = _EXCEPTION.match(line.strip()) if not line.startswith(" ") else None
+        if e:
+            return e.group(1).rsplit(".", 1)[-1], (e.group(2) or "")[:500] or None, frames[::-1]
+    return None, None, frames[::-1]
 
 
 def _faulthandler_frames(lines: Sequence[str]) -> list[Frame]:
@@ -223,7 +243,7 @@ def _faulthandler_frames(lines: Sequence[str]) -> list[Frame]:
             if frames:
                 break
             continue
-        frames.append(Frame(relative_module(m.group(1)), int(m.group(2)), m.group(3)))
+        frames.append(_frame(m.group(1), m.group(2), m.group(3)))
     return frames
 
 
