@@ -49,6 +49,7 @@ __all__ = [
 MEASURED_VERDICTS = frozenset({"budget", "cost_per_byte"})
 """Verdicts that come from a measurement near a threshold: a finding only once it reproduces
 (a GC pause or a busy machine is not a finding)."""
+_MAX_RECORDED_INPUT = 256 << 10
 # Oracle runs ddmin may spend on one finding (besides its deadline).
 _MAX_TESTS = 2000
 
@@ -131,6 +132,13 @@ class Finding:
             **({"evidence": self.evidence} if self.evidence else {}),
             **({"save_error": self.save_error} if self.save_error else {}),
             "input_preview": self.data[:200].decode("utf-8", "replace"),
+            # The whole minimised input, what a report's reproduction sends (a larger one is
+            # in the payload file).
+            **(
+                {"input": self.data.decode("utf-8", "replace")}
+                if len(self.data) <= _MAX_RECORDED_INPUT
+                else {}
+            ),
         }
 
 

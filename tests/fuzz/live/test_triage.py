@@ -13,6 +13,7 @@ import pytest
 from fuzz.live import run_live_campaign
 from fuzz.report import to_json, to_sarif
 from fuzz.triage import triage
+from schedguard.cli import main
 from tests.fuzz.live._fake import HELLO, Fake, live_options, make_corpus
 
 
@@ -74,6 +75,15 @@ def test_a_segfault_is_one_group_named_by_its_stack_and_minimised_across_restart
     }
     assert loc["logicalLocations"][0]["fullyQualifiedName"] == "_fake_openai.py:add_grammar"
     assert rep.replay_command is not None and f"--target {logged.url}" in rep.replay_command
+    # The report to file upstream, from the campaign's record alone.
+    assert main(["fuzz", "report", str(tmp_path / "out"), "--format", "issue"]) == 0
+    issues = sorted((tmp_path / "out" / "issues").glob("*.md"))
+    crash_issue = next(p for p in issues if p.name.split("-", 1)[1].startswith("crash"))
+    text = crash_issue.read_text()
+    assert f"curl -sS -w '\\nHTTP %{{http_code}}\\n' -X POST {logged.url}/v1/" in text
+    assert rep.data.split(b"\n\n")[-1].decode() in text  # the minimised body, whole
+    assert "SIGSEGV@_fake_openai.py:add_grammar" in text and "Fatal Python error" in text
+    assert "## What schedguard's guard does about it" in text
 
 
 def test_a_5xx_is_named_by_the_exception_the_server_logged(logged: Fake, tmp_path: Path) -> None:
