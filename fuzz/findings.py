@@ -139,6 +139,11 @@ class Finding:
                 if len(self.data) <= _MAX_RECORDED_INPUT
                 else {}
             ),
+            **(
+                {"original_input": self.original.decode("utf-8", "replace")}
+                if len(self.original) <= _MAX_RECORDED_INPUT
+                else {}
+            ),
         }
 
 

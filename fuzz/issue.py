@@ -130,16 +130,24 @@ def render_issue(
     lines += ["", "## Expected", "", _EXPECTED.get(verdict, "-")]
     lines += ["", "## Impact", "", _IMPACT.get(verdict, "-")]
     lines += ["", "## What schedguard's guard does about it", ""]
-    if req is not None:
-        g = guard_verdict(req.to_bytes(), req.path, policy_path)
-        tool = env.get("tool") or {}
-        policy = f"policy {tool.get('policy', '(default)')}, sha256 {tool.get('policy_sha256')}"
+    tool = env.get("tool") or {}
+    policy = f"policy {tool.get('policy', '(default)')}, sha256 {tool.get('policy_sha256')}"
+    # The minimised body may lack what any valid request has (messages): the guard's verdict
+    # on the request as the campaign found it says whether its specific check stops it.
+    found = f.get("original_input")
+    for label, r in (
+        ("the minimised request", req),
+        ("the request as found", None if found is None else LiveRequest.from_input(found.encode())),
+    ):
+        if r is None:
+            continue
+        g = guard_verdict(r.to_bytes(), r.path, policy_path)
         if g["allowed"]:
-            lines.append(f"The guard admits this request ({policy}): it does not protect the "
-                         "server from it yet.")  # fmt: skip
+            lines.append(f"- {label}: admitted: the guard does not protect the server from it.")
         else:
-            lines.append(f"The guard refuses it before the server sees it: {g['status']} "
-                         f"`{g['code']}`: {g['message']} ({policy}).")  # fmt: skip
+            lines.append(f"- {label}: refused before the server sees it, {g['status']} "
+                         f"`{g['code']}`: {g['message']}")  # fmt: skip
+    lines.append(f"\n(The guard's own pipeline, {policy}.)")
     lines += ["", f"Found by schedguard's fuzzer (`{record.get('engine')}` campaign, seed "
               f"{record.get('seed')}), minimised from {f.get('original_size_bytes')} to "
               f"{f.get('size_bytes')} bytes in {f.get('minimise_tests')} tests."]  # fmt: skip

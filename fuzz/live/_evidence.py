@@ -32,6 +32,7 @@ __all__ = [
     "Frame",
     "ServerLog",
     "kernel_lines",
+    "kernel_lines_about",
     "parse_log",
     "relative_module",
     "usage_of",
@@ -247,9 +248,12 @@ def _faulthandler_frames(lines: Sequence[str]) -> list[Frame]:
     return frames
 
 
-def kernel_lines(limit: int = 3, timeout_s: float = 2.0) -> list[str]:
-    """The kernel's last segfault/OOM lines, when ``dmesg`` may be read here (often not in a
-    container: then none)."""
+def kernel_lines(pids: Sequence[int], limit: int = 3, timeout_s: float = 2.0) -> list[str]:
+    """The kernel's last segfault/OOM lines about ``pids`` (the server's processes), when
+    ``dmesg`` may be read here (often not in a container: then none). Lines about other
+    processes are left out: on a shared machine they are someone else's crash."""
+    if not pids:
+        return []
     try:
         out = subprocess.run(
             ["dmesg"], capture_output=True, timeout=timeout_s, check=False, text=True
@@ -258,7 +262,16 @@ def kernel_lines(limit: int = 3, timeout_s: float = 2.0) -> list[str]:
         return []
     if out.returncode != 0:
         return []
-    return [line for line in out.stdout.splitlines() if _KERNEL.search(line)][-limit:]
+    return kernel_lines_about(out.stdout, pids)[-limit:]
+
+
+def kernel_lines_about(text: str, pids: Sequence[int]) -> list[str]:
+    """The segfault/OOM lines of a kernel log that name one of ``pids``
+    (``python[123]: segfault at ...``, ``Killed process 123 (python)``)."""
+    marks = tuple(f"[{pid}]" for pid in pids) + tuple(f"process {pid} " for pid in pids)
+    return [
+        line for line in text.splitlines() if _KERNEL.search(line) and any(m in line for m in marks)
+    ]
 
 
 def usage_of(pids: Sequence[int]) -> dict[str, float] | None:
@@ -273,6 +286,8 @@ def usage_of(pids: Sequence[int]) -> dict[str, float] | None:
             procs = [proc, *proc.children(recursive=True)]
             for p in procs:
                 with contextlib.suppress(psutil.Error):
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        continue  # died: no memory, and not the server any more
                     rss += p.memory_info().rss
                     t = p.cpu_times()
                     cpu += t.user + t.system

@@ -260,7 +260,8 @@ class LiveOracle:
         self, outcome: Outcome, log_mark: int, before: dict[str, float] | None
     ) -> dict[str, Any]:
         """The server's own account of a finding (see :class:`LiveOracle`)."""
-        out: dict[str, Any] = {"server_before": before, "server_after": usage_of(self.monitor.pids)}
+        pids = list(self.monitor.pids)
+        out: dict[str, Any] = {"server_before": before, "server_after": usage_of(pids)}
         if self.server_log is not None:
             if outcome.verdict == "crash":
                 # A dying process's last writes (faulthandler's stack) land as it exits.
@@ -268,7 +269,7 @@ class LiveOracle:
             out.update(parse_log(self.server_log.since(log_mark)).to_dict())
             out["log"] = str(self.server_log.path)
         if outcome.verdict == "crash":
-            out["kernel"] = kernel_lines()
+            out["kernel"] = kernel_lines(pids)
         return out
 
     # ------------------------------------------------------------------------ differential

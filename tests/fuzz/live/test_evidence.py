@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fuzz.live._component import component_of
-from fuzz.live._evidence import ServerLog, parse_log
+from fuzz.live._evidence import ServerLog, kernel_lines_about, parse_log
 
 SITE = "/c/venv/lib/python3.11/site-packages"
 # What faulthandler prints when llama.cpp dereferences a NULL grammar sampler.
@@ -87,3 +87,14 @@ def test_the_log_is_read_from_the_mark_and_again_from_the_start_after_a_truncati
     assert log.since(mark) == "new line\n"
     path.write_text("restarted\n")  # a restart truncates it: shorter than the mark
     assert log.since(log.mark() + 100) == "restarted\n"
+
+
+def test_kernel_lines_are_the_servers_only() -> None:
+    dmesg = (
+        "[  629.2] traps: python[22833] general protection fault ip:7f2f in libpython3.11.so\n"
+        "[  638.2] python[23155]: segfault at 71 ip 00007fd4 error 4 in libpython3.11.so\n"
+        "[  640.0] Out of memory: Killed process 23160 (python) total-vm:9000kB\n"
+    )
+    assert kernel_lines_about(dmesg, [23155]) == [dmesg.splitlines()[1]]
+    assert kernel_lines_about(dmesg, [23160]) == [dmesg.splitlines()[2]]
+    assert kernel_lines_about(dmesg, [1]) == []
