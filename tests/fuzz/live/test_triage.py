@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.live import run_live_campaign
+from fuzz.live import LiveOptions, RemoteTargetRefused, run_live_campaign
 from fuzz.report import to_json, to_sarif
 from fuzz.triage import triage
 from schedguard.cli import main
@@ -147,3 +147,13 @@ def test_a_fault_only_a_fresh_server_shows_is_marked_and_minimised_restarting(
     assert f.fresh_only
     assert set(json.loads(f.data)) == {"model", "user"}
     assert report.results[0].extra["stats"]["restarts"] >= 3
+
+
+def test_a_remote_target_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    # Restarts and the upstream scripts' defaults do not open a way around --allow-remote.
+    marker = tmp_path / "ran"
+    opts = LiveOptions(target="http://10.1.2.3:8000", restart_cmd=f"touch {marker}",
+                       progress=None)  # fmt: skip
+    with pytest.raises(RemoteTargetRefused, match="loopback"):
+        run_live_campaign(opts)
+    assert not marker.exists()
