@@ -139,9 +139,27 @@ def _finding_json(rep: CampaignReport, f: Finding) -> dict[str, Any]:
     return {
         **f.to_dict(),
         "wall_s": round(f.cost_after.time_s, 6),
-        "cpu_s": round(f.cost_after.cpu_s, 6),
+        "cpu_s": _cpu_s(f),
         "judged": judged_against(f.outcome, rep.budgets),
     }
+
+
+def _cpu_s(f: Finding) -> float | None:
+    """The finding's CPU time: the input's own (in-process targets), else the live server's
+    processes' CPU during the request (``--pid``), else None (not measured)."""
+    if f.cost_after.cpu_s:
+        return round(f.cost_after.cpu_s, 6)
+    before, after = f.evidence.get("server_before"), f.evidence.get("server_after")
+    if isinstance(before, dict) and isinstance(after, dict):
+        return round(float(after["cpu_s"]) - float(before["cpu_s"]), 3)
+    return None
+
+
+def _cpu_text(f: Finding) -> str:
+    cpu = _cpu_s(f)
+    if cpu is None:
+        return "-"
+    return f"{cpu:.3f}" if f.cost_after.cpu_s else f"{cpu:.3f} (server)"
 
 
 def _round(x: float | None) -> float | None:
@@ -498,7 +516,7 @@ def to_summary(rep: CampaignReport, svg_name: str = "best_cost.svg") -> str:
             judged = judged_text(judged_against(f.outcome, rep.budgets)).replace("|", "/")
             lines.append(
                 f"| `{f.cause}` | {f.outcome.verdict} | {len(f.original)} -> {f.size_bytes} "
-                f"| {c.time_s:.3f} | {c.cpu_s:.3f} | {judged} "
+                f"| {c.time_s:.3f} | {_cpu_text(f)} | {judged} "
                 f"| {c.peak_mem_bytes / (1 << 20):.1f} | {c.steps} "
                 f"| `{_relative(f.path) if f.path else '-'}` |"
             )

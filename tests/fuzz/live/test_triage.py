@@ -90,12 +90,18 @@ def test_a_5xx_is_named_by_the_exception_the_server_logged(logged: Fake, tmp_pat
     corpus = make_corpus(
         tmp_path / "corpus", {"bw": {**HELLO, "bad_words": ["x"], "top_k": 3}}, {"hello": HELLO}
     )
-    opts = live_options(logged, tmp_path, corpus, server_log=logged.log, expect_findings=True)
+    opts = live_options(logged, tmp_path, corpus, server_log=logged.log, expect_findings=True,
+                        pids=(logged.pid,))  # fmt: skip
     report = run_live_campaign(opts)
     (f,) = [f for f in report.findings if f.outcome.verdict == "server_error"]
     assert f.cause == "5xx:500:Internal Server Error@KeyError@_fake_openai.py:sampler_for"
     assert f.evidence["exception"] == "KeyError" and f.evidence["status"] == 500
     assert set(json.loads(f.data)) == {"model", "bad_words"}
+    # With --pid, the server's memory and CPU around the request, and its CPU in the record.
+    assert f.evidence["server_before"]["rss_bytes"] > 0
+    (rec,) = [r for r in to_json(report)["findings"] if r["cause"] == f.cause]
+    assert isinstance(rec["cpu_s"], float) and rec["cpu_s"] >= 0
+    assert "(server)" in (tmp_path / "out" / "summary.md").read_text()
 
 
 def test_without_a_log_a_group_is_status_code_and_shape(fake: Fake, tmp_path: Path) -> None:
