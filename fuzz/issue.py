@@ -11,6 +11,7 @@ otherwise) by the guard's own pipeline (:func:`guard.pipeline.evaluate_body`).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -50,13 +51,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "finding"
 
 
+@functools.cache
+def _policy(path: Path | None) -> Any:
+    """The policy, loaded once per file (loading it loads its tokenizer)."""
+    from guard.policy import load_policy
+
+    return load_policy(str(path) if path is not None else None)
+
+
 def guard_verdict(body: bytes, path: str, policy_path: Path | None = None) -> dict[str, Any]:
     """The guard's verdict on a request (``allowed``, ``status``, ``code``, ``message``)."""
     from guard.pipeline import evaluate_body
-    from guard.policy import load_policy
 
-    policy = load_policy(str(policy_path) if policy_path is not None else None)
-    v = evaluate_body(body, path, [], policy)
+    v = evaluate_body(body, path, [], _policy(policy_path))
     if v.rejection is None:
         return {"allowed": True, "status": 200, "code": None, "message": None}
     r = v.rejection
@@ -151,7 +158,8 @@ def render_issue(
     lines += ["", f"Found by schedguard's fuzzer (`{record.get('engine')}` campaign, seed "
               f"{record.get('seed')}), minimised from {f.get('original_size_bytes')} to "
               f"{f.get('size_bytes')} bytes in {f.get('minimise_tests')} tests."]  # fmt: skip
-    name = f"{_slug(verdict + '-' + str(component))}.md"
+    function = ev.get("function") or ""
+    name = f"{_slug(f'{verdict}-{component}-{function}')}.md"
     return name, "\n".join(lines) + "\n"
 
 
