@@ -13,6 +13,13 @@ minimised on the JSON structure against the server (:func:`fuzz.minimize.shrink_
 :mod:`fuzz.live._recorder`) and saved as payload files; the reports and exit status are those of
 every campaign (:mod:`fuzz.report`). Loopback only unless told otherwise, at a bounded request
 rate (:mod:`fuzz.live._http`).
+
+When the server's log can be read (:mod:`fuzz.live._upstreams` finds it for the project's own
+upstreams), each finding carries the server's own account (:mod:`fuzz.live._evidence`): its
+exception or signal and culprit frame refine the finding's cause, name the upstream component
+(:mod:`fuzz.live._component`) and the triage group (:mod:`fuzz.triage`); the campaign records
+the upstream's versions, model and flags (:mod:`fuzz.live._environment`), and
+:mod:`fuzz.issue` turns a group into a report to file upstream.
 """
 
 from __future__ import annotations
