@@ -133,7 +133,7 @@ def _add_report(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         type=Path,
         default=None,
         metavar="DIR",
-        help="the records (default: payloads/upstream_findings in the source tree)",
+        help="the records (default: docs/findings in the source tree)",
     )
     doc.add_argument(
         "--out", type=Path, default=None, metavar="FILE", help="(default: docs/FINDINGS.md)"

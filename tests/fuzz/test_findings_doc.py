@@ -1,4 +1,4 @@
-"""docs/FINDINGS.md is what the records in payloads/upstream/ make (`schedguard fuzz
+"""docs/FINDINGS.md is what the records in docs/findings/ make (`schedguard fuzz
 findings-doc`), and a record that lacks what the list states is refused."""
 
 from __future__ import annotations
