@@ -118,7 +118,7 @@ def _add_report(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         type=Path,
         default=None,
         metavar="FILE",
-        help="the guard policy whose verdict the reports state (default: the default policy)",
+        help="the guard policy whose verdict the reports state (default: the built-in one)",
     )
     doc = fsub.add_parser(
         "findings-doc",
@@ -441,7 +441,7 @@ def _add_live_output(live: argparse._ArgumentGroup) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="the guard policy whose hash the campaign record names (default: the default one)",
+        help="the guard policy whose hash the campaign record names (default: the built-in one)",
     )
     live.add_argument(
         "--no-env",

@@ -266,7 +266,13 @@ class LiveOracle:
             if outcome.verdict == "crash":
                 # A dying process's last writes (faulthandler's stack) land as it exits.
                 time.sleep(_LOG_SETTLE_S)
-            out.update(parse_log(self.server_log.since(log_mark)).to_dict())
+            ev = parse_log(self.server_log.since(log_mark))
+            if ev.signature is None and outcome.verdict in ("crash", "server_error"):
+                # A server may log the traceback after it answered (vLLM's API server does):
+                # read once more before calling the cause unknown.
+                time.sleep(_LOG_SETTLE_S)
+                ev = parse_log(self.server_log.since(log_mark))
+            out.update(ev.to_dict())
             out["log"] = str(self.server_log.path)
         if outcome.verdict == "crash":
             out["kernel"] = kernel_lines(pids)
