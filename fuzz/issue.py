@@ -208,11 +208,11 @@ def _observed(f: dict[str, Any], ev: dict[str, Any], group: dict[str, Any]) -> l
     else:
         out.append(f"- {f.get('error_message') or f.get('verdict')}")
     out.append(
-        f"- after {f.get('wall_s', 0):.3f} s (wall); judged: {f.get('judged', {}).get('basis')}"
+        f"- after {f.get('wall_s', 0):.4g} s (wall); judged: {f.get('judged', {}).get('basis')}"
     )
     out.append(_server_line("server before", ev.get("server_before")))
     out.append(_server_line("server after", ev.get("server_after")))
-    out.append(f"- met {group.get('count')} times in the campaign ({len(group.get('causes', []))} "
+    out.append(f"- met {group.get('count')} time(s) in the campaign ({len(group.get('causes', []))} "
                "distinct causes in this group)")  # fmt: skip
     if ev.get("kernel"):
         out += ["- kernel:", "", "```", *ev["kernel"], "```"]
