@@ -11,9 +11,10 @@ context, finding set and reports.
 
 from __future__ import annotations
 
+import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -35,6 +36,7 @@ __all__ = [
     "CampaignOptions",
     "ProgressLine",
     "default_minimise_s",
+    "draw_seed",
     "engine_names",
     "run_campaign",
 ]
@@ -134,8 +136,15 @@ class ProgressLine:
             self._width = 0
 
 
+def draw_seed(seed: int | None) -> int:
+    """The campaign's seed: the one asked for, else one drawn here, so that the report
+    always records the seed that repeats the run (``--seed``)."""
+    return random.randrange(1 << 30) if seed is None else seed
+
+
 def run_campaign(opts: CampaignOptions) -> CampaignReport:
     target = get_target(opts.target)
+    opts = replace(opts, seed=draw_seed(opts.seed))
     names, skipped = engine_names(opts.engine)
     save_root = _save_root(opts)
     progress = ProgressLine(opts.progress, target.name)

@@ -19,8 +19,10 @@ what only a server needs (bringing it back after a crash, naming an under-count 
 from __future__ import annotations
 
 import re
+import shlex
 import threading
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,7 @@ __all__ = [
     "known_causes",
     "payload_cost",
     "record",
+    "replay_command",
     "safe_target_name",
     "save_finding",
 ]
@@ -46,6 +49,7 @@ __all__ = [
 MEASURED_VERDICTS = frozenset({"budget", "cost_per_byte"})
 """Verdicts that come from a measurement near a threshold: a finding only once it reproduces
 (a GC pause or a busy machine is not a finding)."""
+_MAX_RECORDED_INPUT = 256 << 10
 # Oracle runs ddmin may spend on one finding (besides its deadline).
 _MAX_TESTS = 2000
 
@@ -72,7 +76,12 @@ def cause_of(outcome: Outcome) -> str:
 class Finding:
     """One deduplicated finding. ``data`` is the minimised input (``original`` the one found);
     ``path`` the payload file (None when saving was off); ``known`` when a payload file with
-    the same cause already existed (then ``path`` is that file)."""
+    the same cause already existed (then ``path`` is that file). ``replay_command``: the
+    command that replays it (:func:`replay_command`); ``evidence``: what a live server itself
+    said about it (:mod:`fuzz.live._evidence`: log excerpt, exception, signal, component, its
+    memory and CPU before and after); ``occurrences``: how many times the campaign met this
+    cause (the first included); ``fresh_only``: it reproduced only on a freshly started
+    server (a state the campaign's earlier requests left behind is part of it)."""
 
     target: str
     engine: str
@@ -89,6 +98,10 @@ class Finding:
     known: bool = False
     seed: int | None = None
     save_error: str | None = None
+    replay_command: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    occurrences: int = 1
+    fresh_only: bool = False
 
     @property
     def size_bytes(self) -> int:
@@ -113,8 +126,24 @@ class Finding:
             "path": self.path,
             "known": self.known,
             "seed": self.seed,
+            "replay_command": self.replay_command,
+            "occurrences": self.occurrences,
+            "fresh_only": self.fresh_only,
+            **({"evidence": self.evidence} if self.evidence else {}),
             **({"save_error": self.save_error} if self.save_error else {}),
             "input_preview": self.data[:200].decode("utf-8", "replace"),
+            # The whole minimised input, what a report's reproduction sends (a larger one is
+            # in the payload file).
+            **(
+                {"input": self.data.decode("utf-8", "replace")}
+                if len(self.data) <= _MAX_RECORDED_INPUT
+                else {}
+            ),
+            **(
+                {"original_input": self.original.decode("utf-8", "replace")}
+                if len(self.original) <= _MAX_RECORDED_INPUT
+                else {}
+            ),
         }
 
 
@@ -125,6 +154,8 @@ class FindingSet:
         self._lock = threading.Lock()
         self._causes: set[str] = set()
         self.findings: list[Finding] = []
+        # cause -> times it was met again after its finding (the triage's group size).
+        self.repeats: Counter[str] = Counter()
         # cause -> payload file already in the corpus for it (not saved twice).
         self.known = dict(known or {})
 
@@ -144,6 +175,14 @@ class FindingSet:
         with self._lock:
             self.findings.append(finding)
 
+    def met_again(self, cause: str) -> None:
+        """``cause`` came up again after it was recorded (a duplicate)."""
+        with self._lock:
+            self.repeats[cause] += 1
+            for f in self.findings:
+                if f.cause == cause:
+                    f.occurrences = 1 + self.repeats[cause]
+
     def __len__(self) -> int:
         return len(self.findings)
 
@@ -151,6 +190,17 @@ class FindingSet:
 def safe_target_name(name: str) -> str:
     """The directory name of a target's findings (``module:Class`` targets included)."""
     return re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")[:64] or "target"
+
+
+def replay_command(path: str | None, target_url: str | None = None) -> str | None:
+    """The command that replays a saved finding: ``schedguard fuzz replay FILE`` (the file
+    records its in-process target), with ``--target URL`` for a live server's."""
+    if path is None:
+        return None
+    cmd = ["schedguard", "fuzz", "replay", path]
+    if target_url is not None:
+        cmd += ["--target", target_url]
+    return shlex.join(cmd)
 
 
 def known_causes(target: str, root: Path) -> dict[str, str]:
@@ -190,6 +240,7 @@ def record(
     corpus root the payload file goes under (None: not saved)."""
     cause = cause_of(outcome)
     if seen.has(cause):
+        seen.met_again(cause)
         return None
     if outcome.verdict in MEASURED_VERDICTS:
         # A measured crossing (not a crash, kill or cap) must reproduce: a GC pause or a busy
@@ -231,6 +282,7 @@ def record(
             _save(finding, target, seen, save_root)
         except Exception as exc:  # the finding stands; report why it has no file
             finding.save_error = f"{type(exc).__name__}: {exc}"
+        finding.replay_command = replay_command(finding.path)
     seen.add(finding)
     return finding
 

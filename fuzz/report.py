@@ -16,6 +16,9 @@ from typing import Any
 
 from fuzz.engines import EngineResult
 from fuzz.findings import Finding
+from fuzz.judged import judged_against, judged_text
+from fuzz.triage import triage
+from fuzz.upstream_versions import versions_text
 
 __all__ = [
     "SARIF_SCHEMA",
@@ -51,6 +54,10 @@ class CampaignReport:
     jobs: int = 1
     source: str = ""
     skipped: dict[str, str] = field(default_factory=dict)
+    # A live campaign's: the upstream's versions, model, flags, this tool's version and policy
+    # hash (fuzz.live._environment), and the server's URL (the replay commands name it).
+    environment: dict[str, Any] = field(default_factory=dict)
+    target_url: str | None = None
 
     @property
     def execs(self) -> int:
@@ -115,9 +122,44 @@ def to_json(rep: CampaignReport) -> dict[str, Any]:
             for r in rep.results
         ],
         "skipped_engines": rep.skipped,
-        "findings": [f.to_dict() for f in rep.findings],
+        "target_url": rep.target_url,
+        "environment": rep.environment,
+        "findings": [_finding_json(rep, f) for f in rep.findings],
+        "groups": [
+            {**g.to_dict(), "representative": _finding_json(rep, g.representative)}
+            for g in triage(rep.findings)
+        ],
         "best_cost_over_time": [[round(t, 3), round(c, 4)] for t, c in rep.best_cost_over_time()],
     }
+
+
+def _finding_json(rep: CampaignReport, f: Finding) -> dict[str, Any]:
+    """A finding as the record keeps it, with what it was judged against (the budget and the
+    clock that decided it, beside its wall and CPU time)."""
+    return {
+        **f.to_dict(),
+        "wall_s": round(f.cost_after.time_s, 6),
+        "cpu_s": _cpu_s(f),
+        "judged": judged_against(f.outcome, rep.budgets),
+    }
+
+
+def _cpu_s(f: Finding) -> float | None:
+    """The finding's CPU time: the input's own (in-process targets), else the live server's
+    processes' CPU during the request (``--pid``), else None (not measured)."""
+    if f.cost_after.cpu_s:
+        return round(f.cost_after.cpu_s, 6)
+    before, after = f.evidence.get("server_before"), f.evidence.get("server_after")
+    if isinstance(before, dict) and isinstance(after, dict):
+        return round(float(after["cpu_s"]) - float(before["cpu_s"]), 3)
+    return None
+
+
+def _cpu_text(f: Finding) -> str:
+    cpu = _cpu_s(f)
+    if cpu is None:
+        return "-"
+    return f"{cpu:.3f}" if f.cost_after.cpu_s else f"{cpu:.3f} (server)"
 
 
 def _round(x: float | None) -> float | None:
@@ -237,10 +279,22 @@ def to_sarif(rep: CampaignReport) -> dict[str, Any]:
                     }
                 },
                 "automationDetails": {"id": f"schedguard-fuzz/{rep.target}/{rep.engine}"},
+                "originalUriBaseIds": {
+                    "UPSTREAM": {
+                        "description": {
+                            "text": "the upstream server's installed package root "
+                            f"({versions_text(rep.environment) or 'versions not captured'})"
+                        }
+                    }
+                },
                 "invocations": [
                     {
                         "executionSuccessful": True,
-                        "properties": {"execs": rep.execs, "duration_s": round(rep.duration_s, 3)},
+                        "properties": {
+                            "execs": rep.execs,
+                            "duration_s": round(rep.duration_s, 3),
+                            "seed": rep.seed,
+                        },
                     }
                 ],
                 "results": [_sarif_result(rep, f, index) for f in rep.findings],
@@ -263,21 +317,12 @@ def _sarif_rule(rid: str) -> dict[str, Any]:
 
 def _sarif_result(rep: CampaignReport, f: Finding, index: dict[str, int]) -> dict[str, Any]:
     rid = f"fuzz/{_rule_id(f.cause)}"
-    uri, line = _location(f, rep.source)
     result: dict[str, Any] = {
         "ruleId": rid,
         "ruleIndex": index[rid],
         "level": "error" if rep.fails_ci else "warning",
         "message": {"text": f"{rep.target}: {_finding_text(f)}"},
-        "locations": [
-            {
-                "physicalLocation": {
-                    "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"},
-                    "region": {"startLine": line},
-                },
-                "message": {"text": "where the cost is spent (target entry point or crash frame)"},
-            }
-        ],
+        "locations": [_sarif_location(rep, f)],
         "partialFingerprints": {
             "schedguardCause/v1": hashlib.sha256(f"{rep.target}:{f.cause}".encode()).hexdigest()[
                 :32
@@ -290,6 +335,10 @@ def _sarif_result(rep: CampaignReport, f: Finding, index: dict[str, int]) -> dic
             "size_bytes": f.size_bytes,
             "cost": f.cost_after.to_dict(),
             "cost_before_minimisation": f.cost_before.to_dict(),
+            "judged": judged_against(f.outcome, rep.budgets),
+            "seed": f.seed,
+            "replay_command": f.replay_command,
+            "occurrences": f.occurrences,
         },
     }
     if f.path:
@@ -301,6 +350,34 @@ def _sarif_result(rep: CampaignReport, f: Finding, index: dict[str, int]) -> dic
             }
         ]
     return result
+
+
+def _sarif_location(rep: CampaignReport, f: Finding) -> dict[str, Any]:
+    """A live server's finding points at the upstream's component (a module of the upstream's
+    package, from its stack or the request field: :mod:`fuzz.live._component`), relative to the
+    ``UPSTREAM`` base (the upstream's installed package root), with a logical location naming
+    the function when the stack gives one; an in-process finding at the crash frame or the
+    target's entry point in this project."""
+    component = f.evidence.get("component")
+    if isinstance(component, str):
+        function = f.evidence.get("function")
+        name = component if not function else f"{component}:{function}"
+        basis = f.evidence.get("basis") or "request field"
+        return {
+            "physicalLocation": {"artifactLocation": {"uri": component, "uriBaseId": "UPSTREAM"}},
+            "logicalLocations": [
+                {"fullyQualifiedName": name, "kind": "function" if function else "module"}
+            ],
+            "message": {"text": f"the upstream's component ({basis})"},
+        }
+    uri, line = _location(f, rep.source)
+    return {
+        "physicalLocation": {
+            "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"},
+            "region": {"startLine": line},
+        },
+        "message": {"text": "where the cost is spent (target entry point or crash frame)"},
+    }
 
 
 def _location(f: Finding, source: str) -> tuple[str, int]:
@@ -406,6 +483,7 @@ def to_summary(rep: CampaignReport, svg_name: str = "best_cost.svg") -> str:
         f"| executions | {rep.execs:,} ({rep.execs / max(rep.duration_s, 1e-9):,.0f}/s) |",
         f"| time to first finding | {'-' if ttff is None else f'{ttff:.2f} s'} |",
         f"| findings | {len(rep.findings)} |",
+        f"| seed | {rep.seed} (`--seed {rep.seed}` repeats the run's choices) |",
         f"| CI | {'FAIL' if rep.exit_status else 'pass'} "
         f"({'findings fail CI' if rep.fails_ci else 'findings are expected'}) |",
         "",
@@ -429,16 +507,32 @@ def to_summary(rep: CampaignReport, svg_name: str = "best_cost.svg") -> str:
         lines.append("")
     if rep.findings:
         lines += [
-            "| cause | verdict | bytes (found -> minimised) | time (s) | peak MiB | steps | payload |",
-            "|---|---|---|---|---|---|---|",
+            "| cause | verdict | bytes (found -> minimised) | wall (s) | CPU (s) | judged against "
+            "| peak MiB | steps | payload |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for f in rep.findings:
             c = f.cost_after
+            judged = judged_text(judged_against(f.outcome, rep.budgets)).replace("|", "/")
             lines.append(
                 f"| `{f.cause}` | {f.outcome.verdict} | {len(f.original)} -> {f.size_bytes} "
-                f"| {c.busy_s:.3f} | {c.peak_mem_bytes / (1 << 20):.1f} | {c.steps} "
+                f"| {c.time_s:.3f} | {_cpu_text(f)} | {judged} "
+                f"| {c.peak_mem_bytes / (1 << 20):.1f} | {c.steps} "
                 f"| `{_relative(f.path) if f.path else '-'}` |"
             )
+        lines.append("")
+        lines += ["Replay each finding:", ""]
+        for f in rep.findings:
+            lines.append(f"- `{f.cause}`: `{f.replay_command or '(not saved: no file to replay)'}`")
+        lines.append("")
+        groups = triage(rep.findings)
+        lines += [
+            "| group (cause signature) | times met | findings | component |",
+            "|---|---|---|---|",
+        ]
+        for g in groups:
+            sig = g.signature.replace("|", "/")
+            lines.append(f"| `{sig}` | {g.count} | {len(g.findings)} | {g.component or '-'} |")
         lines.append("")
     lines.append(f"Budgets per input: `{json.dumps(rep.budgets)}`")
     return "\n".join(lines) + "\n"

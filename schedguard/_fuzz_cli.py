@@ -13,7 +13,12 @@
   differential against a guard's dry run; exit 1 on a finding unless ``--expect-findings``,
   2 when the server is not reachable or not on loopback (without ``--allow-remote``);
 - ``fuzz replay PATH... [--target NAME] [--json]``: re-run saved payload files; exit 1 when one
-  is a finding on a hardened or guard target, 2 when a file cannot be replayed.
+  is a finding on a hardened or guard target, 2 when a file cannot be replayed;
+- ``fuzz report DIR --format issue [--out DIR] [--policy FILE]``: from a campaign's
+  ``DIR/report.json``, one upstream bug report per triage group (:mod:`fuzz.issue`);
+- ``fuzz findings-doc [--records DIR] [--out FILE] [--check]``: docs/FINDINGS.md, the upstream
+  bugs the project's campaigns found, from the records kept in the repository
+  (:mod:`fuzz.findings_doc`); ``--check``: exit 1 when the file is not what the records make.
 """
 
 from __future__ import annotations
@@ -90,6 +95,52 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="REGEX",
         help="with --target URL: 5xx messages that are the server's refusals (repeatable)",
     )
+    _add_report(fsub)
+
+
+def _add_report(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rep = fsub.add_parser(
+        "report",
+        help="upstream bug reports from a campaign's record",
+        description=(
+            "Render a campaign's DIR/report.json for the upstream: --format issue writes one "
+            "markdown file per triage group (title, versions, a curl reproduction with the "
+            "minimised body, observed, expected, impact, what the guard does about it)."
+        ),
+    )
+    rep.add_argument("dir", type=Path, metavar="DIR", help="the campaign's --out directory")
+    rep.add_argument("--format", choices=("issue",), default="issue", help="(default: issue)")
+    rep.add_argument(
+        "--out", type=Path, default=None, metavar="DIR", help="where (default: DIR/issues)"
+    )
+    rep.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the guard policy whose verdict the reports state (default: the built-in one)",
+    )
+    doc = fsub.add_parser(
+        "findings-doc",
+        help="docs/FINDINGS.md from the upstream findings' records",
+        description=(
+            "Write the project's list of the upstream bugs its campaigns found (status, date "
+            "verified, upstream version checked) from the records under --records."
+        ),
+    )
+    doc.add_argument(
+        "--records",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the records (default: docs/findings in the source tree)",
+    )
+    doc.add_argument(
+        "--out", type=Path, default=None, metavar="FILE", help="(default: docs/FINDINGS.md)"
+    )
+    doc.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 when FILE is out of date"
+    )
 
 
 def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -153,8 +204,9 @@ def _add_run(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=whole,
         default=None,
         metavar="N",
-        help="seed of the engines' random choices, recorded with each finding (default: "
-        "none: search draws one, atheris and hypothesis use 0)",
+        help="seed of the engines' (or the live mutator's) random choices; the report and each "
+        "finding record it, and the same seed makes the same choices again (default: drawn "
+        "at random, and recorded)",
     )
     run.add_argument(
         "--found-root",
@@ -314,16 +366,28 @@ def _add_live_restarts(live: argparse._ArgumentGroup) -> None:
         "--restart-cmd",
         metavar="CMD",
         default=None,
-        help="a shell command that starts the server again after it died, so that crashes are "
-        "minimised and the campaign goes on (without it the campaign waits --dead-wait, then "
-        "stops)",
+        help="a shell command that brings up a fresh server, whether or not one runs (stop, "
+        "then start), so that crashes are minimised and the campaign goes on; a command that "
+        "fails stops the campaign with its output (default: for a server the project's "
+        "upstream scripts started, their stop and start commands; otherwise none: the campaign "
+        "waits --dead-wait, then stops)",
     )
     live.add_argument(
         "--max-restarts",
         type=positive_int,
-        default=20,
+        default=100,
         metavar="N",
-        help="with --restart-cmd: restart the server at most this many times, then stop",
+        help="with --restart-cmd: restart the server at most this many times, then stop (a "
+        "crash is minimised restarting after every test that kills it)",
+    )
+    live.add_argument(
+        "--server-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the server's log: each finding then carries what the server wrote meanwhile "
+        "(exception, signal and stack name its cause); default: the log of the project's "
+        "upstream scripts' server on --target's port",
     )
     live.add_argument(
         "--dead-wait",
@@ -372,6 +436,19 @@ def _add_live_output(live: argparse._ArgumentGroup) -> None:
         default=None,
         help="the target's name in reports and payload files (default: from the URL)",
     )
+    live.add_argument(
+        "--guard-policy",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the guard policy whose hash the campaign record names (default: the built-in one)",
+    )
+    live.add_argument(
+        "--no-env",
+        action="store_true",
+        help="do not record the upstream's versions, model and flags (/version, /v1/models, "
+        "the --pid process's command line and Python packages)",
+    )
 
 
 def _pid(text: str) -> int | str:
@@ -403,7 +480,43 @@ def run(args: argparse.Namespace) -> int:
         return _list(args.json)
     if args.fuzz_command == "run":
         return _run(args)
+    if args.fuzz_command == "report":
+        return _report(args)
+    if args.fuzz_command == "findings-doc":
+        return _findings_doc(args)
     return _replay(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from fuzz.issue import write_issues
+
+    if not (args.dir / "report.json").is_file():
+        print(f"fuzz report: no report.json in {args.dir}", file=sys.stderr)
+        return 2
+    paths = write_issues(args.dir, args.out, policy_path=args.policy)
+    for p in paths:
+        print(p)
+    if not paths:
+        print(f"fuzz report: {args.dir}/report.json has no findings", file=sys.stderr)
+    return 0
+
+
+def _findings_doc(args: argparse.Namespace) -> int:
+    from fuzz.findings_doc import DEFAULT_DOC, DEFAULT_RECORDS, render_findings_doc
+
+    records = args.records or DEFAULT_RECORDS
+    out = args.out or DEFAULT_DOC
+    text = render_findings_doc(records)
+    if args.check:
+        current = out.read_text(encoding="utf-8") if out.is_file() else ""
+        if current != text:
+            print(f"{out} is out of date: run `schedguard fuzz findings-doc`", file=sys.stderr)
+            return 1
+        print(f"{out} is up to date with {records}")
+        return 0
+    out.write_text(text, encoding="utf-8")
+    print(out)
+    return 0
 
 
 def _list(as_json: bool) -> int:
@@ -557,6 +670,9 @@ def _run_live(args: argparse.Namespace) -> int:
                 max_body_bytes=args.max_body_kb * 1024,
                 stop_on_first=args.stop_on_first,
                 dead_wait_s=args.dead_wait,
+                server_log=args.server_log,
+                guard_policy=args.guard_policy,
+                capture_env=not args.no_env,
                 progress=None if args.quiet else sys.stderr,
             )
         )
@@ -585,6 +701,9 @@ def _print_findings(report: Any, out: Path, cost: Callable[[Any], str], failure:
             f"  {f.cause}: {len(f.original)} -> {f.size_bytes} bytes, {cost(f.cost_after)}"
             f" -> {f.path or '(not saved)'}"
         )
+        if f.replay_command:
+            print(f"    replay: {f.replay_command}")
+    print(f"seed {report.seed} (--seed {report.seed} repeats the run's choices)")
     print(f"reports in {out}/ (report.json, junit.xml, report.sarif, summary.md)")
     if report.exit_status:
         print(f"FAIL: {failure}", file=sys.stderr)

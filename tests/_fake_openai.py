@@ -12,6 +12,12 @@
   - a ``grammar`` with 1000 ``(`` or more in a row and the word ``KILL``: the process exits
     at once (a crash);
   - a ``grammar`` containing ``HANG``: never answers;
+  - ``SEGV`` in a ``grammar`` or in a ``response_format`` schema's ``pattern``: the process
+    dies by SIGSEGV in ``add_grammar`` (with ``PYTHONFAULTHANDLER=1`` its stack goes to stderr,
+    as a C extension's segfault would);
+  - ``bad_words``: 500 ``Internal Server Error``, after a ``KeyError`` traceback on stderr;
+  - a string containing ``ONCE``: 500 ``cold cache`` the first time this process sees one,
+    served after (a fault only a fresh server shows);
   - ``n`` above 100: 500 ``{"error": {"message": "engine failure at step 12"}}``;
   - ``n`` equal to 99: 500 ``validation error: n`` (what ``--ignore-5xx`` is for);
   - a string containing ``SLOW``: answers after 1.5 s;
@@ -30,11 +36,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
 import sys
 import time
+import traceback
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -167,6 +175,24 @@ class Handler(BaseHTTPRequestHandler):
         grammar = str(body.get("grammar", ""))
         if "(" * 1000 in grammar and "KILL" in grammar:
             os._exit(1)
+        schema = (body.get("response_format") or {}) if isinstance(body, dict) else {}
+        pattern = (
+            str((schema.get("schema") or {}).get("pattern", "")) if isinstance(schema, dict) else ""
+        )
+        if "SEGV" in grammar or "SEGV" in pattern:
+            add_grammar()
+        if "bad_words" in body:
+            try:
+                sampler_for(body)
+            except KeyError:
+                traceback.print_exc()
+                sys.stderr.flush()
+                self._reply(500, {"error": {"message": "Internal Server Error", "code": None}})
+                return
+        if any("ONCE" in s for s in _strings(body)) and not _WARM:
+            _WARM.append(True)
+            self._reply(500, {"error": {"message": "cold cache", "code": None}})
+            return
         if "HANG" in grammar:
             time.sleep(3600)
         n = body.get("n")
@@ -204,6 +230,19 @@ class Handler(BaseHTTPRequestHandler):
                 },
             },
         )
+
+
+_WARM: list[bool] = []
+
+
+def add_grammar() -> None:
+    """Where the scripted segfault happens (named like llama-cpp-python's frame): a real one,
+    in the thread serving the request, as a C extension's NULL dereference."""
+    ctypes.string_at(0)
+
+
+def sampler_for(body: dict[str, Any]) -> None:
+    _ = {}["bad_words_sampler"]
 
 
 def main() -> None:

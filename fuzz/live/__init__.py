@@ -13,12 +13,20 @@ minimised on the JSON structure against the server (:func:`fuzz.minimize.shrink_
 :mod:`fuzz.live._recorder`) and saved as payload files; the reports and exit status are those of
 every campaign (:mod:`fuzz.report`). Loopback only unless told otherwise, at a bounded request
 rate (:mod:`fuzz.live._http`).
+
+When the server's log can be read (:mod:`fuzz.live._upstreams` finds it for the project's own
+upstreams), each finding carries the server's own account (:mod:`fuzz.live._evidence`): its
+exception or signal and culprit frame refine the finding's cause, name the upstream component
+(:mod:`fuzz.live._component`) and the triage group (:mod:`fuzz.triage`); the campaign records
+the upstream's versions, model and flags (:mod:`fuzz.live._environment`), and
+:mod:`fuzz.issue` turns a group into a report to file upstream.
 """
 
 from __future__ import annotations
 
 from fuzz._exceptions import RemoteTargetRefused, TargetUnreachable
 from fuzz.live._campaign import LiveOptions, find_listener, is_url, run_live_campaign
+from fuzz.live._environment import capture_environment
 from fuzz.live._fields import payload_class, shape_signature
 from fuzz.live._http import HttpClient, Reply, RequestPacer, discover_model, require_loopback
 from fuzz.live._monitor import Health, RssMonitor, parse_prometheus_rss
@@ -50,6 +58,7 @@ __all__ = [
     "RequestPacer",
     "RssMonitor",
     "TargetUnreachable",
+    "capture_environment",
     "discover_model",
     "error_signature",
     "extract_usage",

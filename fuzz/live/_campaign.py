@@ -19,6 +19,8 @@ dry run first and sends what it admits to the upstream directly. Both:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import random
 import re
 import subprocess
@@ -33,10 +35,12 @@ from typing import Any, TextIO
 
 import psutil
 
-from fuzz._exceptions import TargetUnreachable
-from fuzz.campaign import ProgressLine, default_minimise_s
+from fuzz._exceptions import RemoteTargetRefused, TargetUnreachable
+from fuzz.campaign import ProgressLine, default_minimise_s, draw_seed
 from fuzz.engines import EngineRun, RunOptions
 from fuzz.findings import FindingSet, known_causes
+from fuzz.live._environment import capture_environment, guard_identity
+from fuzz.live._evidence import ServerLog
 from fuzz.live._http import (
     HttpClient,
     RequestPacer,
@@ -50,6 +54,7 @@ from fuzz.live._oracle import LATENCY_PER_TOKEN_S, LiveBudgets, LiveOracle, Meas
 from fuzz.live._recorder import LiveRecorder
 from fuzz.live._request import LiveRequest, load_seeds
 from fuzz.live._target import LiveTarget
+from fuzz.live._upstreams import find_project_upstream
 from fuzz.oracle import Oracle
 from fuzz.report import CampaignReport, write_reports
 from fuzz.targets import TargetKind
@@ -57,6 +62,17 @@ from fuzz.targets import TargetKind
 __all__ = ["Gate", "LiveOptions", "find_listener", "is_url", "run_live_campaign"]
 
 _PROGRESS_EVERY_S = 0.5
+# The tail of a failed restart command's output the campaign reports.
+_RESTART_OUTPUT = 8000
+
+
+def _is_local(opts: LiveOptions) -> bool:
+    """Whether the target is on this machine (its scripts' pid files and log can be read)."""
+    try:
+        require_loopback(opts.target, allow_remote=False)
+    except RemoteTargetRefused:
+        return False
+    return True
 
 
 def is_url(target: str) -> bool:
@@ -72,7 +88,12 @@ class LiveOptions:
     listening on the target's port; ``ignore_5xx``: regular expressions of 5xx messages that are
     this server's refusals of invalid input; ``restart_cmd``: a shell command that brings the
     server back after it died (lets crashes be minimised and the campaign go on);
-    ``expect_findings``: the server is known to be vulnerable (findings do not fail)."""
+    ``expect_findings``: the server is known to be vulnerable (findings do not fail);
+    ``server_log``: the server's log file (default: the log of the project's upstream scripts'
+    server on the target's port, when it is one: :mod:`fuzz.live._upstreams`), whose lines
+    name each finding's cause; ``guard_policy``: the policy file whose hash the record names
+    (default: the default policy); ``capture_env``: record the upstream's versions, model and
+    flags (:mod:`fuzz.live._environment`)."""
 
     target: str
     guard: str | None = None
@@ -96,7 +117,10 @@ class LiveOptions:
     model: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     restart_cmd: str | None = None
-    max_restarts: int = 20
+    max_restarts: int = 100
+    server_log: Path | None = None
+    guard_policy: Path | None = None
+    capture_env: bool = True
     ignore_5xx: tuple[str, ...] = ()
     expect_findings: bool = False
     name: str | None = None
@@ -162,10 +186,19 @@ class _Live:
     """One campaign's state (built and run by :func:`run_live_campaign`)."""
 
     def __init__(self, opts: LiveOptions) -> None:
-        self.opts = opts
+        opts = dataclasses.replace(opts, seed=draw_seed(opts.seed))
         for url in (opts.target, opts.guard, opts.metrics_url):
             if url is not None:
                 require_loopback(url, allow_remote=opts.allow_remote)
+        project = find_project_upstream(split_url(opts.target)[2]) if _is_local(opts) else None
+        if project is not None:
+            opts = dataclasses.replace(
+                opts,
+                restart_cmd=opts.restart_cmd or project.restart_cmd,
+                server_log=opts.server_log or project.log,
+            )
+        self.opts = opts
+        self.restart_failure: dict[str, Any] | None = None
         self.limiter = RequestPacer(opts.max_rps)
         self.upstream, self.guard = _clients(opts, self.limiter)
         self.health = Health(self.upstream, opts.health_path)
@@ -193,8 +226,15 @@ class _Live:
             health=self.health,
             guard=self.guard,
             guard_health=self.guard_health,
+            server_log=ServerLog(opts.server_log) if opts.server_log else None,
         )
         self.model = opts.model or discover_model(self.upstream)
+        self.environment: dict[str, Any] = {}
+        if opts.capture_env:
+            self.environment = capture_environment(self.upstream, self.monitor.pids)
+        self.environment["tool"] = guard_identity(opts.guard_policy)
+        self.environment["restart_cmd"] = opts.restart_cmd
+        self.environment["server_log"] = str(opts.server_log) if opts.server_log else None
         self.mutator, self.scheduler = _fuzzer(
             opts, self.model, differential=self.guard is not None
         )
@@ -247,37 +287,65 @@ class _Live:
         """Bring the server back (or see it back) after it went down; False: it stays down."""
         if self.oracle.alive():
             return True
-        cmd = self.opts.restart_cmd
-        if cmd and self.restarts < self.opts.max_restarts:
-            self.restarts += 1
-            self.note(f"the target is down: restarting it ({self.restarts}): {cmd}")
-            try:
-                subprocess.run(
-                    cmd,
-                    shell=True,
-                    timeout=max(60.0, self.opts.dead_wait_s),
-                    check=False,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            except subprocess.TimeoutExpired:
-                return False
-            if not self.health.wait(self.opts.dead_wait_s):
-                return False
-            if self.auto_pids:
-                with contextlib.suppress(TargetUnreachable):
-                    self.monitor.rebind(self._pids())
-            else:  # a process id given as a number that died is not watched any more
-                self.monitor.rebind([p for p in self.monitor.pids if psutil.pid_exists(p)])
-            return True
-        if self.gave_up:
-            return False  # waited once already: the campaign is stopping
-        if cmd:
+        if self.can_restart():
+            return self.restart()
+        if self.gave_up or self.restart_failure is not None:
+            return False  # waited once already, or the restart command failed: stopping
+        if self.opts.restart_cmd:
             self.note(f"the target is down and was restarted {self.restarts} times already")
         self.note(f"the target is down: waiting up to {self.opts.dead_wait_s:g} s for it")
         ok = self.health.wait(self.opts.dead_wait_s) and self.monitor.alive()
         self.gave_up = not ok
         return ok
+
+    def can_restart(self) -> bool:
+        """A restart command is set, has not failed, and the restarts are not used up."""
+        return (
+            bool(self.opts.restart_cmd)
+            and self.restart_failure is None
+            and self.restarts < self.opts.max_restarts
+        )
+
+    def restart(self) -> bool:
+        """Run the restart command and wait for the server's health. A command that fails (its
+        status, or no healthy server after it) is recorded with its output and never run
+        again: the campaign stops rather than loop on a server that does not come back."""
+        cmd = self.opts.restart_cmd
+        if not cmd or not self.can_restart():
+            return False
+        self.restarts += 1
+        self.note(f"restarting the target ({self.restarts}): {cmd}")
+        # A Python server restarted here prints its stack on a fatal signal (the log's evidence).
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+        timeout = max(60.0, self.opts.dead_wait_s)
+        try:
+            done = subprocess.run(
+                cmd,
+                shell=True,
+                timeout=timeout,
+                check=False,
+                capture_output=True,
+                env=env,
+            )
+            status: int | str = done.returncode
+            output = (done.stdout + done.stderr)[-_RESTART_OUTPUT:].decode("utf-8", "replace")
+        except subprocess.TimeoutExpired as exc:
+            status = f"timed out after {timeout:g} s"
+            output = ((exc.stdout or b"") + (exc.stderr or b""))[-_RESTART_OUTPUT:].decode(
+                "utf-8", "replace"
+            )
+        healthy = status == 0 and self.health.wait(self.opts.dead_wait_s)
+        if not healthy:
+            why = f"exit status {status}" if status != 0 else "the server did not come back"
+            self.restart_failure = {"cmd": cmd, "status": status, "why": why, "output": output}
+            self.note(f"the restart command failed ({why}); its output:\n{output.rstrip()}")
+            return False
+        if self.auto_pids:
+            with contextlib.suppress(TargetUnreachable):
+                self.monitor.rebind(self._pids())
+        else:  # a process id given as a number that died is not watched any more
+            self.monitor.rebind([p for p in self.monitor.pids if psutil.pid_exists(p)])
+        return True
 
     # ------------------------------------------------------------------------------ loop
 
@@ -317,6 +385,10 @@ class _Live:
             max_tests=opts.max_minimise_tests,
             confirm_faults=opts.jobs > 1,
             note=self.note,
+            target_url=opts.target,
+            server_kind=self.environment.get("kind"),
+            can_restart=self.can_restart,
+            restart=self.restart,
         )
         if self.model:
             self.note(f"model {self.model}; health {self.health.path}")
@@ -337,6 +409,8 @@ class _Live:
             seed=opts.seed,
             jobs=opts.jobs,
             source=self.target.source,
+            environment=self.environment,
+            target_url=opts.target,
         )
         for client in (self.upstream, self.guard, self.metrics):
             if client is not None:
@@ -350,7 +424,8 @@ class _Live:
         opts = self.opts
         self.monitor.start()
         self.rss_start = self.monitor.current()
-        seed = opts.seed if opts.seed is not None else random.randrange(2**32)
+        seed = opts.seed
+        assert seed is not None  # drawn in __init__
         threads = [
             threading.Thread(target=self._worker, args=(run, seed + i), daemon=True)
             for i in range(opts.jobs)
@@ -405,8 +480,12 @@ class _Live:
                 self.stop.set()
         # The target's health after every finding: wait for it, restart it, or stop.
         if not self.recover():
-            self.stopped = "the target is down"
-            self.note("the target is down and did not come back: stopping")
+            self.stopped = (
+                "the restart command failed"
+                if self.restart_failure is not None
+                else "the target is down"
+            )
+            self.note(f"{self.stopped}: stopping")
             self.stop.set()
         elif self.guard_health is not None and not self.guard_health.ok():
             self.stopped = "the guard is down"
@@ -453,6 +532,7 @@ class _Live:
             "health_checks": self.health.checks,
             "health_path": self.health.path,
             "restarts": self.restarts,
+            "restart_failure": self.restart_failure,
             "stopped": self.stopped,
             "model": self.model,
             "seeds": len(self.mutator.seeds),

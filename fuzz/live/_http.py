@@ -288,6 +288,10 @@ class HttpClient:
                 raise TimeoutError("the answer did not end within the timeout")
             chunk = resp.read1(_READ_CHUNK) if hasattr(resp, "read1") else resp.read(_READ_CHUNK)
             if not chunk:
+                # read1 leaves a response whose Content-Length is used up open: the next
+                # request on this connection would be sent, then fail (ResponseNotReady) and be
+                # sent again by the retry, a second delivery of every request.
+                resp.close()
                 return b"".join(parts), False
             parts.append(chunk)
             size += len(chunk)

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fuzz.live._evidence import ServerLog, kernel_lines, parse_log, usage_of
 from fuzz.live._http import HttpClient, Reply
 from fuzz.live._monitor import Health, RssMonitor
 from fuzz.live._request import LiveRequest
@@ -48,6 +50,9 @@ __all__ = [
 ]
 
 CHECK_PATH = "/guard/v1/check"
+# Verdicts whose evidence (log, signal, memory and CPU) is collected.
+_EVIDENCED = frozenset({"crash", "timeout", "server_error", "budget"})
+_LOG_SETTLE_S = 0.5
 # Seconds of latency allowed per output token: 50 tokens/s, slower than any server decodes one
 # request (the e2e llama-cpp-python model: 1.5-9 ms a token, with the other core busy).
 LATENCY_PER_TOKEN_S = 0.02
@@ -193,6 +198,10 @@ class LiveOracle:
     """Sends requests to ``upstream`` (and asks ``guard`` first, when given) and judges them.
 
     ``alive``: whether the server still runs (its watched processes and its health endpoint).
+    ``server_log``: the server's log, when the campaign can read it: a crash, a hang, a 5xx or
+    a crossed budget then carries what the server wrote meanwhile (:mod:`fuzz.live._evidence`)
+    in ``Measured.extra["evidence"]``, with the watched processes' memory and CPU before and
+    after.
     """
 
     def __init__(
@@ -204,7 +213,9 @@ class LiveOracle:
         health: Health | None = None,
         guard: HttpClient | None = None,
         guard_health: Health | None = None,
+        server_log: ServerLog | None = None,
     ) -> None:
+        self.server_log = server_log
         self.upstream = upstream
         self.budgets = budgets
         self.monitor = monitor or RssMonitor()
@@ -227,6 +238,8 @@ class LiveOracle:
     def send(self, req: LiveRequest, body: bytes | None = None) -> Measured:
         """Send to the upstream and judge the answer (no guard)."""
         data = req.to_bytes() if body is None else body
+        log_mark = self.server_log.mark() if self.server_log is not None else 0
+        before = usage_of(self.monitor.pids)
         mark = self.monitor.mark()
         reply = self.upstream.post_json(req.path, data)
         growth = self.monitor.growth_since(mark)
@@ -238,7 +251,32 @@ class LiveOracle:
             output_tokens=(usage or {}).get("completion_tokens", 0),
         )
         outcome = judge(reply, cost, self.budgets, self.alive)
-        return Measured(outcome, reply, sent_body=data, extra={"usage": usage})
+        extra: dict[str, Any] = {"usage": usage}
+        if outcome.verdict in _EVIDENCED:
+            extra["evidence"] = self._evidence(outcome, log_mark, before)
+        return Measured(outcome, reply, sent_body=data, extra=extra)
+
+    def _evidence(
+        self, outcome: Outcome, log_mark: int, before: dict[str, float] | None
+    ) -> dict[str, Any]:
+        """The server's own account of a finding (see :class:`LiveOracle`)."""
+        pids = list(self.monitor.pids)
+        out: dict[str, Any] = {"server_before": before, "server_after": usage_of(pids)}
+        if self.server_log is not None:
+            if outcome.verdict == "crash":
+                # A dying process's last writes (faulthandler's stack) land as it exits.
+                time.sleep(_LOG_SETTLE_S)
+            ev = parse_log(self.server_log.since(log_mark))
+            if ev.signature is None and outcome.verdict in ("crash", "server_error"):
+                # A server may log the traceback after it answered (vLLM's API server does):
+                # read once more before calling the cause unknown.
+                time.sleep(_LOG_SETTLE_S)
+                ev = parse_log(self.server_log.since(log_mark))
+            out.update(ev.to_dict())
+            out["log"] = str(self.server_log.path)
+        if outcome.verdict == "crash":
+            out["kernel"] = kernel_lines(pids)
+        return out
 
     # ------------------------------------------------------------------------ differential
 

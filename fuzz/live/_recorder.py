@@ -34,7 +34,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fuzz.findings import MEASURED_VERDICTS, Finding, FindingSet, cause_of, save_finding
+from fuzz.findings import (
+    MEASURED_VERDICTS,
+    Finding,
+    FindingSet,
+    cause_of,
+    replay_command,
+    save_finding,
+)
+from fuzz.live._component import component_of
 from fuzz.live._fields import (
     BASELINE,
     OVERHEAD,
@@ -49,10 +57,26 @@ from fuzz.live._oracle import LiveOracle, Measured
 from fuzz.live._request import LiveRequest
 from fuzz.minimize import MinimiseStats, ddmin, shrink_json
 
-__all__ = ["LiveRecorder"]
+__all__ = ["LiveRecorder", "cause_with_evidence"]
 
 # Tokens an under-count must keep above what its plain-chat core shows, when minimised.
 _MARGIN = 16
+
+
+def _signature(m: Measured) -> str | None:
+    """The cause signature the server's log gives for this measurement, if any."""
+    ev = m.extra.get("evidence")
+    sig = ev.get("signature") if isinstance(ev, dict) else None
+    return sig if isinstance(sig, str) else None
+
+
+def cause_with_evidence(m: Measured) -> str:
+    """The deduplication key of a live finding: its verdict's cause, refined by what the
+    server's log names (``crash:ServerDied:server:died@SIGSEGV@llama_cpp/_internals.py:...``):
+    two crashes with different stacks are two bugs."""
+    cause = cause_of(m.outcome)
+    sig = _signature(m)
+    return cause if sig is None else f"{cause}@{sig}"
 
 
 class _Abort(Exception):
@@ -78,8 +102,19 @@ class LiveRecorder:
         max_tests: int = 200,
         confirm_faults: bool = False,
         note: Callable[[str], None] | None = None,
+        target_url: str | None = None,
+        server_kind: str | None = None,
+        can_restart: Callable[[], bool] | None = None,
+        restart: Callable[[], bool] | None = None,
     ) -> None:
         self.oracle = oracle
+        self.target_url = target_url
+        self.server_kind = server_kind
+        # Whether a server that is up can be restarted (a restart command is set and has not
+        # failed), and doing it: a finding that does not reproduce on the server as it is, is
+        # tried once more on a fresh one.
+        self.can_restart = can_restart or (lambda: False)
+        self.restart = restart or (lambda: False)
         self.findings = findings
         self.target = target
         self.engine = engine
@@ -114,16 +149,19 @@ class LiveRecorder:
     def _record(self, req: LiveRequest, measured: Measured, at: float) -> Finding | None:
         outcome = measured.outcome
         verdict = outcome.verdict
-        if verdict != "undercount" and self.findings.has(cause_of(outcome)):
-            self.duplicates[cause_of(outcome)] += 1
+        if verdict != "undercount" and self.findings.has(cause_with_evidence(measured)):
+            self._again(cause_with_evidence(measured))
             return None
+        fresh_only = False
         if not self._confirmed(req, measured):
-            self.unconfirmed += 1
-            return None
+            if not self._confirmed_fresh(req, measured):
+                self.unconfirmed += 1
+                return None
+            fresh_only = True
         if verdict == "undercount":
             novel = frozenset(shape_paths(req.body) - BASELINE)
             if novel in self.examined:
-                self.duplicates["undercount:(examined shape)"] += 1
+                self._again("undercount:(examined shape)")
                 return None
             self.examined.add(novel)
             # Nothing beyond a plain chat: any excess is the template's overhead. Otherwise at
@@ -132,13 +170,13 @@ class LiveRecorder:
             core = self._core_excess(req) if novel else None
             known = self._known_explains(req, measured, novel, need)
             if known is not None:
-                self.duplicates[known] += 1
+                self._again(known)
                 return None
             if core is not None:
                 overhead = f"undercount:{outcome.where}:{OVERHEAD}"
                 if core >= need and self.findings.has(overhead):
                     # The plain-chat core alone shows it: the template's overhead, known.
-                    self.duplicates[overhead] += 1
+                    self._again(overhead)
                     return None
                 # Keep what the core does not explain, with a margin: the minimised request
                 # keeps the text the guard misses, not just as much of it as possible.
@@ -148,7 +186,7 @@ class LiveRecorder:
         small, final, stats_tests, minimised = req, measured, 0, False
         if self.minimise:
             try:
-                small, final, stats_tests = self._minimise(req, measured, need)
+                small, final, stats_tests = self._minimise(req, measured, need, fresh_only)
             except _Abort:
                 self.note("the server could not be brought back while minimising")
             minimised = small.to_input() != req.to_input()
@@ -156,10 +194,18 @@ class LiveRecorder:
         out = final.outcome
         if out.verdict == "undercount":
             out = dataclasses.replace(out, where=f"{out.where}:{shape_signature(small.body)}")
-        cause = cause_of(out)
+            cause = cause_of(out)
+        else:
+            cause = cause_with_evidence(final)
         if not self.findings.claim(cause):
-            self.duplicates[cause] += 1
+            self._again(cause)
             return None
+        evidence = dict(final.extra.get("evidence") or measured.extra.get("evidence") or {})
+        if final.reply is not None and final.reply.status is not None:
+            evidence["status"] = final.reply.status
+            evidence["error_code"] = final.reply.error_code()
+        evidence.update(component_of(evidence, small.body, self.server_kind))
+        evidence["request_shape"] = shape_signature(small.body)
         finding = Finding(
             target=self.target,
             engine=self.engine,
@@ -173,12 +219,15 @@ class LiveRecorder:
             minimised=minimised,
             minimise_tests=stats_tests,
             seed=self.seed,
+            evidence=evidence,
+            fresh_only=fresh_only,
         )
         if self.save_root is not None:
             try:
                 self._save(finding, small)
             except Exception as exc:  # the finding stands; report why it has no file
                 finding.save_error = f"{type(exc).__name__}: {exc}"
+            finding.replay_command = replay_command(finding.path, self.target_url)
         self.findings.add(finding)
         self.requests[cause] = small
         return finding
@@ -199,6 +248,24 @@ class LiveRecorder:
             return True
         again = self.oracle.run(req)
         return cause_of(again.outcome) == cause_of(out)
+
+    def _confirmed_fresh(self, req: LiveRequest, measured: Measured) -> bool:
+        """A finding the server as it is did not repeat, tried once on a freshly started
+        server (when it can be restarted): True when it reproduces there (it needs a fresh
+        server: the campaign marks it so, and minimises it restarting before every test)."""
+        out = measured.outcome
+        # Not a measured crossing: one that does not repeat is most often the machine's load,
+        # and restarting a server that takes a minute to start for each would be costly.
+        if out.verdict not in ("server_error", "timeout"):
+            return False
+        if not self.can_restart() or not self.restart():
+            return False
+        again = self.oracle.run(req)
+        return cause_of(again.outcome) == cause_of(out)
+
+    def _again(self, cause: str) -> None:
+        self.duplicates[cause] += 1
+        self.findings.met_again(cause)
 
     def _known_explains(
         self, req: LiveRequest, measured: Measured, novel: frozenset[str], need: int
@@ -233,13 +300,20 @@ class LiveRecorder:
 
     # ------------------------------------------------------------------------ minimisation
 
-    def _predicate(self, original: Measured, need: int) -> Callable[[LiveRequest], Measured | None]:
+    def _predicate(
+        self, original: Measured, need: int, fresh: bool = False
+    ) -> Callable[[LiveRequest], Measured | None]:
         """Run a candidate; its measurement when it is the same finding (an under-count: with
-        an excess of at least ``need``), else None."""
+        an excess of at least ``need``; a crash or 5xx whose server log names a cause: the
+        same signature when the candidate's log names one too), else None. ``fresh``: the
+        server is restarted before each test."""
         out = original.outcome
         cause = cause_of(out)
+        signature = _signature(original)
 
         def run(candidate: LiveRequest) -> Measured | None:
+            if fresh and not self.restart():
+                raise _Abort
             m = self.oracle.run(candidate)
             o = m.outcome
             if o.verdict in ("crash", "timeout") and not self.oracle.alive() and not self.recover():
@@ -249,18 +323,21 @@ class LiveRecorder:
             elif out.verdict == "false_positive":
                 same = o.verdict == "false_positive" and o.error_code == out.error_code
             else:
-                same = cause_of(o) == cause
+                theirs = _signature(m)
+                same = cause_of(o) == cause and (
+                    signature is None or theirs is None or theirs == signature
+                )
             return m if same else None
 
         return run
 
     def _minimise(
-        self, req: LiveRequest, measured: Measured, need: int
+        self, req: LiveRequest, measured: Measured, need: int, fresh: bool = False
     ) -> tuple[LiveRequest, Measured, int]:
         dead = measured.outcome.verdict in ("crash", "timeout") and not self.oracle.alive()
         if dead and not self.recover():
             raise _Abort
-        run = self._predicate(measured, max(1, need))
+        run = self._predicate(measured, max(1, need), fresh)
         last: dict[str, Measured] = {}
         if isinstance(req.body, dict):
             stats = MinimiseStats()

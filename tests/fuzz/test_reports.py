@@ -216,3 +216,24 @@ def test_cli_fuzz_options_all_have_help() -> None:
         for action in sub._actions:
             assert action.help, f"fuzz {name} {action.option_strings or action.dest}: no help"
         sub.format_help()  # every help string formats
+
+
+def test_cli_run_records_the_seed_it_drew_and_how_to_replay_each_finding(tmp_path: Path) -> None:
+    """Without --seed the campaign draws one and records it (report, summary, each finding),
+    so that --seed repeats the run; each finding names the command that replays it, and its
+    wall and CPU time beside the budget it was judged against."""
+    out = tmp_path / "out"
+    args = ["fuzz", "run", "--target", "placeholder-vulnerable", "--duration", "12"]
+    main([*args, "--quiet", "--out", str(out), "--minimise-s", "3"])
+    doc = json.loads((out / "report.json").read_text())
+    assert isinstance(doc["seed"], int)
+    summary = (out / "summary.md").read_text()
+    assert f"`--seed {doc['seed']}`" in summary
+    assert doc["findings"], "the vulnerable placeholder engine has findings within seconds"
+    for f in doc["findings"]:
+        assert f["seed"] == doc["seed"]
+        assert f["replay_command"] == f"schedguard fuzz replay {f['path']}"
+        assert f["replay_command"] in summary
+        assert {"wall_s", "cpu_s"} <= set(f) and f["judged"]["budget"] is not None
+    sarif = json.loads((out / "report.sarif").read_text())
+    assert sarif["runs"][0]["invocations"][0]["properties"]["seed"] == doc["seed"]

@@ -33,7 +33,9 @@ _VARIABLE = re.compile(r"SCHEDGUARD_[A-Z0-9_]*")
 _FIELD = re.compile(
     r"`((?:limits|upstream|rate|admin|observability|keys)(?:\.[a-z_0-9]+|\[\d+\])+)"
 )
-_COMMAND = re.compile(r"\bschedguard\s+([a-z]+(?:\s+(?:show|key|run|replay|list))?)\b([^`\n|]*)")
+_COMMAND = re.compile(
+    r"\bschedguard\s+([a-z]+(?:\s+(?:show|key|run|replay|list|report|findings-doc))?)\b([^`\n|]*)"
+)
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 
 

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,9 +23,16 @@ CHAT = "/v1/chat/completions"
 HELLO = {"model": "m", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}
 
 
-def start_fake(port: int, pidfile: Path | None = None) -> subprocess.Popen[bytes]:
+def start_fake(
+    port: int, pidfile: Path | None = None, log: Path | None = None
+) -> subprocess.Popen[bytes]:
     args = [sys.executable, str(FAKE), str(port)] + ([str(pidfile)] if pidfile else [])
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if log is None:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:  # its log, with the Python stack of a fatal signal (what a real upstream's shows)
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+        with log.open("ab") as out:
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
     end = time.monotonic() + 10
     while time.monotonic() < end:
         try:
@@ -37,11 +47,12 @@ def start_fake(port: int, pidfile: Path | None = None) -> subprocess.Popen[bytes
 class Fake:
     """The fake server on a free port, and the copies a restart command starts."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, log: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.pidfile = tmp / "fake.pid"
-        self.procs = [start_fake(self.port, self.pidfile)]
+        self.log = log
+        self.procs = [start_fake(self.port, self.pidfile, log)]
 
     @property
     def pid(self) -> int:
@@ -50,7 +61,8 @@ class Fake:
     @property
     def restart_cmd(self) -> str:
         # Detached, so the campaign's subprocess.run returns at once.
-        return f"{sys.executable} {FAKE} {self.port} {self.pidfile} >/dev/null 2>&1 &"
+        out = f">>{self.log}" if self.log is not None else ">/dev/null"
+        return f"{sys.executable} {FAKE} {self.port} {self.pidfile} {out} 2>&1 &"
 
     def stop(self) -> None:
         for p in self.procs:
@@ -59,13 +71,8 @@ class Fake:
         if self.pidfile.exists():  # a copy started by a restart command
             pid = int(self.pidfile.read_text() or 0)
             if pid and pid not in {p.pid for p in self.procs}:
-                try:
-                    import os
-                    import signal
-
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def make_corpus(
