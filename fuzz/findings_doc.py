@@ -45,6 +45,10 @@ def load_records(directory: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: (str(d["upstream"]), str(d["id"])))
 
 
+# The upstream a record names, as the guard's upstream kind (what it reads from /v1/models).
+_KINDS = {"llama-cpp-python": "llama_cpp", "vLLM": "vllm"}
+
+
 def render_findings_doc(directory: Path) -> str:
     """The markdown of docs/FINDINGS.md for the records under ``directory``."""
     records = load_records(directory)
@@ -83,13 +87,13 @@ def render_findings_doc(directory: Path) -> str:
             body = json.dumps(r["body"], ensure_ascii=False, separators=(",", ":"))
             endpoint = str(r.get("endpoint", "/v1/chat/completions"))
             # Judged now by the guard's own pipeline, so the line cannot go stale.
-            g = guard_verdict(body.encode(), endpoint)
+            kind = _KINDS.get(str(r["upstream"]))
+            g = guard_verdict(body.encode(), endpoint, kind=kind)
+            guard = f"the guard (default policy, in front of {r['upstream']})"
             if g["allowed"]:
-                lines.append("- the guard (default policy): admits it")
+                lines.append(f"- {guard}: admits it")
             else:
-                lines.append(
-                    f"- the guard (default policy): refuses it, {g['status']} `{g['code']}`"
-                )
+                lines.append(f"- {guard}: refuses it, {g['status']} `{g['code']}`")
             lines += ["", f"Minimised request (`POST {endpoint}`):"]
             lines += ["", "```json", body, "```"]
         lines.append("")

@@ -59,11 +59,18 @@ def _policy(path: Path | None) -> Any:
     return load_policy(str(path) if path is not None else None)
 
 
-def guard_verdict(body: bytes, path: str, policy_path: Path | None = None) -> dict[str, Any]:
-    """The guard's verdict on a request (``allowed``, ``status``, ``code``, ``message``)."""
+def guard_verdict(
+    body: bytes, path: str, policy_path: Path | None = None, kind: str | None = None
+) -> dict[str, Any]:
+    """The guard's verdict on a request (``allowed``, ``status``, ``code``, ``message``) in
+    front of an upstream of ``kind`` (``vllm``, ``llama_cpp``; None or ``other``: not known),
+    as the guard judges once it has read the upstream's kind."""
     from guard.pipeline import evaluate_body
 
-    v = evaluate_body(body, path, [], _policy(policy_path))
+    policy = _policy(policy_path)
+    if kind in ("vllm", "llama_cpp"):
+        policy = policy.with_upstream_kind(kind)
+    v = evaluate_body(body, path, [], policy)
     if v.rejection is None:
         return {"allowed": True, "status": 200, "code": None, "message": None}
     r = v.rejection
@@ -148,7 +155,7 @@ def render_issue(
     ):
         if r is None:
             continue
-        g = guard_verdict(r.to_bytes(), r.path, policy_path)
+        g = guard_verdict(r.to_bytes(), r.path, policy_path, env.get("kind"))
         if g["allowed"]:
             lines.append(f"- {label}: admitted: the guard does not protect the server from it.")
         else:
