@@ -1,7 +1,7 @@
 """Forced tool calls: a chat request whose ``tool_choice`` is ``"required"`` or names a function
 is answered with a call of that function (``"required"``: the first function tool), whose
 ``arguments`` are the smallest JSON instance of the function's ``parameters``
-(:mod:`scheduler_ref._schema_instance`), as vLLM answers these requests with the output
+(:mod:`scheduler_ref.schema_instance`), as vLLM answers these requests with the output
 constrained to the schema.
 
 The arguments text is what the simulated model generates: its tokens (cl100k_base, the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from guard.errors import GuardError
-from scheduler_ref._schema_instance import InstanceTooLarge, minimal_instance
+from scheduler_ref.schema_instance import InstanceTooLarge, minimal_instance
 
 __all__ = ["ArgumentsStream", "ForcedCall", "forced_call"]
 

@@ -20,7 +20,7 @@ Every failure is an OpenAI error body with a stable ``code`` (see :mod:`guard.er
 ``messages[0].content``), ``request_too_large`` (413), ``model_not_found`` / ``not_found`` (404),
 ``method_not_allowed`` (405), ``unsupported_content``, ``tool_arguments_too_large`` (a forced
 call's parameters whose smallest instance is over the budget of
-:mod:`scheduler_ref._schema_instance`, in both profiles), and in the hardened profile
+:mod:`scheduler_ref.schema_instance`, in both profiles), and in the hardened profile
 ``n_exceeded``, ``prompts_exceeded``, ``max_tokens_exceeded``, ``stop_exceeded``; the template
 and token codes of :mod:`scheduler_ref.prompt_template`, :mod:`scheduler_ref.chat_template`,
 :mod:`guard.tokens._counter` and :mod:`scheduler_ref.engine` (``prompt_tokens_exceeded``,

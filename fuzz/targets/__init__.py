@@ -61,6 +61,8 @@ BACKEND_TARGETS: dict[str, str] = {
     "backend-outlines": "fuzz.targets.backends:OutlinesBackend",
     "backend-xgrammar": "fuzz.targets.backends:XgrammarBackend",
     "backend-guidance": "fuzz.targets.backends:GuidanceBackend",
+    # the backends against each other (fuzz/targets/backends_diff.py)
+    "backend-diff": "fuzz.targets.backends_diff:DiffBackends",
 }
 
 

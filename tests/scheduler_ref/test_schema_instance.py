@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_ref._schema_instance import (
+from scheduler_ref.schema_instance import (
     MAX_DEPTH,
     InstanceTooLarge,
     minimal_instance,
