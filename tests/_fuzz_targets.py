@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 
@@ -84,3 +85,25 @@ class Squares(TargetBase):
     def execute(self, data: bytes) -> Cost:
         n = data.count(b"a")
         return Cost(steps=n * n)
+
+
+class SlowSeeds(TargetBase):
+    """Ten seeds that each block 0.1 s (more than an engine's first batch may take), the last
+    one an undocumented exception no mutation reaches: found only if every seed runs."""
+
+    name = "tests._fuzz_targets:SlowSeeds"
+    description = "slow seeds, the last one crashes"
+    exercises = "tests/_fuzz_targets.py"
+    kind = "vulnerable"
+    budgets = Budgets(wall_s=1.0, mem_bytes=64 * _MIB)
+    isolate_by_default = False
+    _seeds = (*(b"nap%d" % i for i in range(9)), b"crash")
+
+    def execute(self, data: bytes) -> Cost:
+        if data == b"crash":
+            raise KeyError("the last seed")
+        time.sleep(0.1)  # blocked, not on CPU: under the time budget
+        return Cost()
+
+    def mutate(self, data: bytes, max_size: int, rng: random.Random) -> bytes:
+        return b"nap"

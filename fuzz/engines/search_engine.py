@@ -182,7 +182,8 @@ class _Job:
         pending = list(self.run.target.seeds())
         while not self.run.over() and not stop.is_set():
             parents: list[Entry | None]
-            if pending:
+            seeding = bool(pending)
+            if seeding:
                 batch, pending = pending, []
                 parents = [None] * len(batch)
             else:
@@ -190,6 +191,8 @@ class _Job:
             t0 = time.monotonic()
             limit = max(0.05, min(2 * _BATCH_TARGET_S, self.run.deadline - t0))
             outcomes = self.oracle.run_batch(batch, time_limit_s=limit)
+            if seeding:  # a batch cut at its time limit: the seeds it did not reach run next
+                pending = batch[len(outcomes) :]
             # Aim for ~0.2 s per batch so the deadline and progress stay responsive.
             per = (time.monotonic() - t0) / max(1, len(outcomes))
             batch_size = max(1, min(256, int(_BATCH_TARGET_S / max(per, 1e-6))))

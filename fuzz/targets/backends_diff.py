@@ -138,8 +138,9 @@ def _schema_numbers(schema: Any) -> list[int | float]:
 def _instance_mutations(schema: Any, inst: Any) -> list[tuple[str, str]]:
     out = [("instance", _dumps(inst))]
     leaves = list(_leaves(inst))
-    path, leaf = leaves[0]
-    out.append(("other_type", _dumps(_replace(inst, path, _other_type(leaf)))))
+    if leaves:  # an empty object or array has no leaf
+        path, leaf = leaves[0]
+        out.append(("other_type", _dumps(_replace(inst, path, _other_type(leaf)))))
     if isinstance(inst, dict):
         if inst:
             out.append(("dropped_key", _dumps(dict(list(inst.items())[1:]))))
@@ -414,7 +415,8 @@ def _seeds() -> tuple[bytes, ...]:
         ("regex", r"\d{2,3}(\.\d)?"),
     ]
     benign = [(k, s) for _, k, s in BENIGN if k in ("json", "regex")]
-    return tuple(join_input(k, s) for k, s in [*benign, *near])
+    # the small ones first: they compile fast, and an engine's first batch may be cut short
+    return tuple(join_input(k, s) for k, s in [*near, *benign])
 
 
 _DICTIONARY = (
@@ -486,7 +488,7 @@ class DiffBackends(TargetBase):
     source = "fuzz/targets/backends_diff.py"
     # Every backend's compile and up to 16 candidate walks: the per-compile budget is enforced
     # in execute (CompileOverBudget); this is the whole input's backstop.
-    budgets = Budgets(wall_s=5.0, mem_bytes=512 * _MIB)
+    budgets = Budgets(wall_s=3.0, mem_bytes=512 * _MIB)
     _seeds = _seeds()
     _dictionary = _DICTIONARY
 

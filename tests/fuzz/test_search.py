@@ -79,3 +79,17 @@ def test_search_finds_nothing_on_the_hardened_engine() -> None:
     )
     assert result.execs >= 1500
     assert not result.findings, [f.to_dict() for f in result.findings]
+
+
+def test_search_runs_every_seed_when_the_first_batch_is_cut() -> None:
+    """The seeds' batch stops at its time limit; the seeds it did not reach run next."""
+    target = get_target("tests._fuzz_targets:SlowSeeds")
+    result = run_engine(
+        EngineRun(
+            target,
+            lambda: Oracle(target.name, isolate=False),
+            RunOptions(duration_s=20.0, seed=1, minimise_s=1.0, stop_on_first=True),
+        )
+    )
+    [finding] = result.findings
+    assert finding.cause.startswith("crash:KeyError") and finding.data == b"crash"
