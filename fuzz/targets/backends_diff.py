@@ -7,24 +7,25 @@ format of :mod:`fuzz.targets.backends`) this target compiles the constraint in e
 backend, derives at most :data:`MAX_CANDIDATES` strings from it deterministically, and asks each
 backend whether the whole string is accepted (outlines-core: a walk of the ``Index``;
 llguidance: ``LLMatcher.consume_tokens`` then ``is_accepting``; xgrammar: ``GrammarMatcher``'s
-``accept_string`` then the stop token), tokenized with the shared vocabulary
-(:mod:`fuzz.targets._vocab`).
+``accept_token`` per token then the stop token, unexercised where xgrammar is not installed,
+as in CI),
+tokenized with the shared vocabulary (:mod:`fuzz.targets._vocab`).
 
-Candidates for a schema: its minimal instance (:func:`scheduler_ref.schema_instance.minimal_instance`) and
-mutations of it (a leaf of another type, a dropped key, an extra key, boundary numbers, escaped
-and raw non-ASCII strings), plus a string each backend generates itself (a seeded walk of its
+Candidates for a schema: its minimal instance
+(:func:`scheduler_ref.schema_instance.minimal_instance`) and mutations of it (a leaf of another
+type, a dropped key, an extra key, boundary numbers, escaped and raw non-ASCII strings), plus a string each backend generates itself (a seeded walk of its
 token masks, as a model would under it). For a regex: the backends' walks and edits of them.
 
 A finding is a **disagreement**: backend A accepts a candidate, backend B rejects it. The
-reference says who is right (a JSON schema: ``jsonschema_rs``, Draft 2020-12, over the string
-parsed as strict JSON; a regex: Python's ``re.fullmatch``, when it compiles), and the finding's
-type names the backend it faults, how, and the candidate's origin
-(``Disagreement_outlines_rejects_valid_extra_key``), so the
-campaign keeps one finding per distinct disagreement. Its message carries the constraint, the
-string and each backend's answer (JSON). A compile over :data:`COMPILE_BUDGET_S` CPU seconds in
-one backend is a finding too (:class:`CompileOverBudget`); a worker that dies is the oracle's.
-A backend that refuses the constraint is left out of the comparison; fewer than two that
-compile it is the documented rejection.
+reference says who is right (a JSON schema: ``jsonschema_rs``, Draft 2020-12 with formats
+asserted, over the string parsed as strict JSON; a regex: Python's ``re.fullmatch``, when it
+compiles), and the finding's type names the backend it faults, how, and the candidate's origin
+(``Disagreement_outlines_rejects_valid_extra_key``), so the campaign keeps one finding per
+distinct disagreement. Its message carries the constraint, the string and each backend's
+answer (JSON). A compile over :data:`COMPILE_BUDGET_S` CPU seconds in one backend is a finding
+too (:class:`CompileOverBudget`); a worker that dies is the oracle's. A backend that refuses
+the constraint is left out of the comparison; fewer than two that compile it is the documented
+rejection.
 
 The backends' whitespace and key-order freedoms differ by design, so candidates are compact
 JSON with keys in the schema's order: what they disagree on then is the language itself.
@@ -203,7 +204,8 @@ def reference(kind: str, spec: Any, text: str) -> bool | None:
         import jsonschema_rs
 
         try:
-            validator = jsonschema_rs.Draft202012Validator(spec)
+            # formats asserted: the backends generate to them (a date-time has its offset)
+            validator = jsonschema_rs.Draft202012Validator(spec, validate_formats=True)
         except (ValueError, TypeError, jsonschema_rs.ValidationError):
             return None
         try:

@@ -109,3 +109,10 @@ def test_planted_disagreement_is_a_finding_with_what_reproduces_it() -> None:
     assert detail["constraint"] == schema and detail["string"] == "false"
     assert detail["answers"]["guidance"] is False and True in detail["answers"].values()
     assert detail["reference"] is True
+
+
+def test_reference_asserts_formats() -> None:
+    """The backends generate to a format, so the reference holds a string to it too."""
+    schema = {"type": "string", "format": "date-time"}
+    assert bd.reference("json", schema, '"1970-01-01T00:00:00Z"') is True
+    assert bd.reference("json", schema, '"0791-05-03T17:32:36"') is False  # no offset
