@@ -8,8 +8,7 @@ backend, derives at most :data:`MAX_CANDIDATES` strings from it deterministicall
 backend whether the whole string is accepted (outlines-core: a walk of the ``Index``;
 llguidance: ``LLMatcher.consume_tokens`` then ``is_accepting``; xgrammar: ``GrammarMatcher``'s
 ``accept_token`` per token then the stop token, unexercised where xgrammar is not installed,
-as in CI),
-tokenized with the shared vocabulary (:mod:`fuzz.targets._vocab`).
+as in CI), tokenized with the shared vocabulary (:mod:`fuzz.targets._vocab`).
 
 Candidates for a schema: its minimal instance
 (:func:`scheduler_ref.schema_instance.minimal_instance`) and mutations of it (a leaf of another
