@@ -27,7 +27,8 @@ the constraint is left out of the comparison; fewer than two that compile it is 
 rejection.
 
 The backends' whitespace and key-order freedoms differ by design, so candidates are compact
-JSON with keys in the schema's order: what they disagree on then is the language itself.
+JSON with keys in the schema's order (a walk's JSON re-serialised compactly): what they
+disagree on then is the language itself.
 """
 
 from __future__ import annotations
@@ -82,10 +83,14 @@ class CompileOverBudget(Exception):
 _KINDS: dict[str, type[Disagreement]] = {}
 
 
-def disagreement_type(backend: str | None, how: str, origin: str) -> type[Disagreement]:
+def disagreement_type(
+    backend: str | None, how: str, origin: str, kind: str = "json"
+) -> type[Disagreement]:
     """The exception type of a disagreement: its name is the finding's dedup key (the faulted
     backend, how, and the kind of candidate that showed it)."""
     name = f"Disagreement_{backend or 'unjudged'}_{how}_{origin}"
+    if origin.startswith("walk"):  # a walk is of a regex or a schema: two different languages
+        name += f"_{kind}"
     if name not in _KINDS:
         _KINDS[name] = type(name, (Disagreement,), {"__module__": __name__})
     return _KINDS[name]
@@ -556,7 +561,9 @@ class DiffBackends(TargetBase):
         if len(compiled) < 2:
             raise BackendRejected("fewer than two backends compile it")
         rng = random.Random(data)
-        walks = [(b.name, w) for b, c in compiled if (w := b.walk(c, rng)) is not None]
+        walks = [
+            (b.name, _compact(kind, w)) for b, c in compiled if (w := b.walk(c, rng)) is not None
+        ]
         checked = 0
         for origin, text in candidates(kind, spec, walks):
             answers = {b.name: b.accepts(c, text) for b, c in compiled}
@@ -585,6 +592,17 @@ class DiffBackends(TargetBase):
         return json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass"), self.endpoint
 
 
+def _compact(kind: str, text: str) -> str:
+    """A generated JSON document re-serialised compactly: the backends' whitespace freedoms
+    differ by design (vLLM lets guidance emit any whitespace, outlines one optional space)."""
+    if kind != "json":
+        return text
+    try:
+        return _dumps(json.loads(text, parse_constant=_no_constant))
+    except (ValueError, RecursionError):
+        return text
+
+
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)  # the backends' own threads included
     return r.ru_utime + r.ru_stime
@@ -604,6 +622,6 @@ def _raise_disagreement(
         "answers": answers,
         "reference": ref,
     }
-    raise disagreement_type(wrong[0] if wrong else None, how, origin)(
+    raise disagreement_type(wrong[0] if wrong else None, how, origin, kind)(
         json.dumps(detail, ensure_ascii=True)
     )
