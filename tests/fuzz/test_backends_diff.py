@@ -72,6 +72,8 @@ def test_reference_judges_schemas_and_regexes() -> None:
     assert bd.reference("regex", r"\d+", "12") is True
     assert bd.reference("regex", r"\d+", "12a") is False
     assert bd.reference("regex", "(", "") is None
+    # a digit in newer Unicode tables than this Python's: not judged
+    assert bd.reference("regex", r"\d", "\U0001ccf5") is None
 
 
 def test_missing_backend_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
