@@ -35,9 +35,14 @@ class Progress:
     benign_rps: float
     benign_p50_ms: float | None
     benign_p99_ms: float | None
-    attack_requests: int
-    attack_rejected: int
     benign_errors: int
+    attack_requests: int
+    # The gate's attack figures (loadtests.outcomes): content attacks a content check refused,
+    # of those the checks judged; flood bursts a limit stopped, of those sent.
+    content_stopped: int
+    content_judged: int
+    floods_stopped: int
+    floods: int
     final: bool = False
 
 
@@ -50,6 +55,7 @@ def of_numbers(
     final: bool = False,
 ) -> Progress:
     """The progress line of a report's ``numbers`` (:func:`loadtests.slo.evaluate`)."""
+    attacks = numbers["attacks"]
     return Progress(
         elapsed_s=round(elapsed_s, 1),
         total_s=total_s,
@@ -59,9 +65,12 @@ def of_numbers(
         benign_rps=float(numbers["benign_rps"]),
         benign_p50_ms=numbers["benign_p50_ms"],
         benign_p99_ms=numbers["benign_p99_ms"],
-        attack_requests=int(numbers["attack_requests"]),
-        attack_rejected=int(numbers["attack_rejected"]),
         benign_errors=int(numbers["benign_errors"]),
+        attack_requests=int(numbers["attack_requests"]),
+        content_stopped=int(attacks["content_stopped"]),
+        content_judged=int(attacks["content_judged"]),
+        floods_stopped=int(attacks["flood_bursts_stopped"]),
+        floods=int(attacks["flood_bursts"]),
         final=final,
     )
 
@@ -72,13 +81,15 @@ def _ms(value: float | None) -> str:
 
 def render(p: Progress) -> str:
     """One line, e.g. ``[  12/20 s] users 6+2 | benign 41 req 3.4/s p50 180 ms p99 900 ms,
-    0 errors | attacks refused 17/17``."""
+    0 errors | attacks 19: content refused 15/15 judged, floods stopped 1/1`` (the gate's two
+    attack checks)."""
     total = "?" if p.total_s is None else f"{p.total_s:g}"
     head = f"{p.elapsed_s:4.0f}/{total} s" + (" done" if p.final else "")
     return (
         f"[{head}] users {p.benign_users}+{p.attack_users} | benign {p.benign_requests} req "
         f"{p.benign_rps:.1f}/s p50 {_ms(p.benign_p50_ms)} ms p99 {_ms(p.benign_p99_ms)} ms, "
-        f"{p.benign_errors} errors | attacks refused {p.attack_rejected}/{p.attack_requests}"
+        f"{p.benign_errors} errors | attacks {p.attack_requests}: content refused "
+        f"{p.content_stopped}/{p.content_judged} judged, floods stopped {p.floods_stopped}/{p.floods}"
     )
 
 
