@@ -1,8 +1,8 @@
 """A run's progress while it runs: the numbers the final report will hold, so far.
 
-The locustfile's master builds a :class:`Progress` every few seconds from the SLO report of the
-records so far (:func:`loadtests.slo.evaluate` over the same stats the gate reads when the run
-ends: one definition of each number) and writes it to ``progress.json`` (:func:`write`, an
+The locustfile's master builds a :class:`LoadProgress` every few seconds from the SLO report of
+the records so far (:func:`loadtests.slo.evaluate` over the same stats the gate reads when the
+run ends: one definition of each number) and writes it to ``progress.json`` (:func:`write`, an
 atomic replace); ``schedguard load`` reads it (:func:`read`) and shows it (:func:`render`): on
 a terminal one line rewritten in place, otherwise a plain line every so often. The gate writes
 a last one from its own report, so the last line shown is the summary's numbers.
@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Progress", "of_numbers", "read", "render", "write"]
+__all__ = ["LoadProgress", "of_numbers", "read", "render", "write"]
 
 
 @dataclass(frozen=True)
-class Progress:
+class LoadProgress:
     """Where a run is: seconds into it (of ``total_s``), users by kind, and the report's
     numbers so far."""
 
@@ -53,10 +53,10 @@ def of_numbers(
     total_s: float | None,
     users: Mapping[str, int],
     final: bool = False,
-) -> Progress:
+) -> LoadProgress:
     """The progress line of a report's ``numbers`` (:func:`loadtests.slo.evaluate`)."""
     attacks = numbers["attacks"]
-    return Progress(
+    return LoadProgress(
         elapsed_s=round(elapsed_s, 1),
         total_s=total_s,
         benign_users=int(users.get("benign", 0)),
@@ -79,7 +79,7 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def render(p: Progress) -> str:
+def render(p: LoadProgress) -> str:
     """One line, e.g. ``[  12/20 s] users 6+2 | benign 41 req 3.4/s p50 180 ms p99 900 ms,
     0 errors | attacks 19: content refused 15/15 judged, floods stopped 1/1`` (the gate's two
     attack checks)."""
@@ -89,11 +89,12 @@ def render(p: Progress) -> str:
         f"[{head}] users {p.benign_users}+{p.attack_users} | benign {p.benign_requests} req "
         f"{p.benign_rps:.1f}/s p50 {_ms(p.benign_p50_ms)} ms p99 {_ms(p.benign_p99_ms)} ms, "
         f"{p.benign_errors} errors | attacks {p.attack_requests}: content refused "
-        f"{p.content_stopped}/{p.content_judged} judged, floods stopped {p.floods_stopped}/{p.floods}"
+        f"{p.content_stopped}/{p.content_judged} judged, "
+        f"floods stopped {p.floods_stopped}/{p.floods}"
     )
 
 
-def write(path: str | Path, p: Progress) -> None:
+def write(path: str | Path, p: LoadProgress) -> None:
     """Replace ``path`` with ``p`` at once (a reader never sees half a file)."""
     target = Path(path)
     tmp = target.with_name(target.name + ".tmp")
@@ -101,9 +102,9 @@ def write(path: str | Path, p: Progress) -> None:
     os.replace(tmp, target)
 
 
-def read(path: str | Path) -> Progress | None:
+def read(path: str | Path) -> LoadProgress | None:
     """The last progress written to ``path``; None before the first."""
     try:
-        return Progress(**json.loads(Path(path).read_text()))
+        return LoadProgress(**json.loads(Path(path).read_text()))
     except (OSError, ValueError, TypeError):
         return None
