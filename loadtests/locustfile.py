@@ -893,8 +893,11 @@ def _gate(environment: Environment, **_: Any) -> None:
         report.write_json(opts.slo_json)
     if opts.timeline_json:
         tl.write(opts.timeline_json, _timeline_data(monitor))
+    environment.process_exit_code = 0 if report.passed else 1  # the verdict before the view
     if opts.progress_json:
-        _progress(environment, report, final=True)
-    environment.process_exit_code = 0 if report.passed else 1
+        try:
+            _progress(environment, report, final=True)
+        except Exception as exc:  # progress is a view: it never takes the verdict away
+            print(f"progress: {type(exc).__name__}: {exc}", flush=True)
     if monitor is not None:
         monitor.close()

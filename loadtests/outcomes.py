@@ -214,6 +214,7 @@ class AttackCounts:
             "content_sent": self.content_sent,
             "content_stopped": self.content_stopped,
             "content_limited": self.content_limited,
+            "content_judged": self.content_judged,
             "flood_bursts": self.bursts,
             "flood_bursts_stopped": self.bursts_stopped,
         }

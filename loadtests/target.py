@@ -20,9 +20,9 @@ __all__ = [
     "BENIGN_KEY",
     "KINDS",
     "REFERENCE_MODEL",
+    "LoadTargetKind",
     "Target",
     "TargetError",
-    "UpstreamKind",
     "discover",
     "first_model",
     "is_guard",
@@ -30,15 +30,15 @@ __all__ = [
     "models_document",
 ]
 
-UpstreamKind = Literal["reference", "vllm", "llama_cpp", "other"]
-KINDS: tuple[str, ...] = get_args(UpstreamKind)
+LoadTargetKind = Literal["reference", "vllm", "llama_cpp", "other"]
+KINDS: tuple[str, ...] = get_args(LoadTargetKind)
 # The reference scheduler's model: the name the corpus's bodies carry.
 REFERENCE_MODEL = "schedguard-ref"
 # The benign users' key (loadtests/policy.yaml's tenant ``benign``): /v1/models is asked with
 # it, since a guard with keys refuses anonymous callers.
 BENIGN_KEY = "sk-load-benign"
 ATTACK_KEY = "sk-load-attacker"  # its tenant ``attacker``
-_OWNERS: dict[str, UpstreamKind] = {"schedguard": "reference", "vllm": "vllm", "me": "llama_cpp"}
+_OWNERS: dict[str, LoadTargetKind] = {"schedguard": "reference", "vllm": "vllm", "me": "llama_cpp"}
 
 
 class TargetError(Exception):
@@ -48,7 +48,7 @@ class TargetError(Exception):
 @dataclass(frozen=True)
 class Target:
     model: str
-    kind: UpstreamKind
+    kind: LoadTargetKind
     source: str  # where each came from, for the report: "--model", "/v1/models", ...
 
 
@@ -57,7 +57,7 @@ def _entries(models: Any) -> list[Any]:
     return data if isinstance(data, list) else []
 
 
-def kind_of(models: Any) -> UpstreamKind:
+def kind_of(models: Any) -> LoadTargetKind:
     """The server behind a ``/v1/models`` document: every entry owned by the same known owner,
     else ``other``."""
     owners = {e.get("owned_by") if isinstance(e, dict) else None for e in _entries(models)}
@@ -92,7 +92,7 @@ def discover(
     host: str,
     *,
     model: str | None = None,
-    kind: UpstreamKind | Literal["auto"] = "auto",
+    kind: LoadTargetKind | Literal["auto"] = "auto",
     api_key: str = BENIGN_KEY,
 ) -> Target:
     """The model and kind to load-test ``host`` with: those given, the rest from its

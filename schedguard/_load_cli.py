@@ -246,7 +246,8 @@ def _add_progress(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help=(
             "seconds between progress updates (elapsed/total, users, benign req/s, p50, p99 "
-            "and errors, attacks refused): on a terminal (stderr a TTY) one line rewritten "
+            "and errors, the gate's attack figures: content attacks refused of those judged, "
+            "floods stopped): on a terminal (stderr a TTY) one line rewritten "
             f"in place every {PROGRESS_TTY_S:g} s unless given, otherwise a plain line every "
             f"{PROGRESS_PLAIN_S:g} s (none with --ui: the web UI shows the run)"
         ),

@@ -77,6 +77,16 @@ _EMPTY: dict[str, Any] = {
 }
 
 
+def _named_value(schema: Mapping[str, Any]) -> tuple[bool, Any]:
+    """The value a schema names outright (``const``, else ``enum``'s first), if it names one."""
+    if "const" in schema:
+        return True, schema["const"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return True, enum[0]
+    return False, None
+
+
 class InstanceTooLarge(ValueError):
     """The smallest instance of the schema is over the size budget."""
 
@@ -121,11 +131,9 @@ class _Builder:
             return None  # true, false (no instance exists) or nonsense: null
         if depth >= MAX_DEPTH:
             return self._leaf(schema)
-        if "const" in schema:
-            return schema["const"]
-        enum = schema.get("enum")
-        if isinstance(enum, list) and enum:
-            return enum[0]
+        named, value = _named_value(schema)
+        if named:
+            return value
         for key in ("anyOf", "oneOf"):
             branches = schema.get(key)
             if isinstance(branches, list) and branches:
@@ -173,11 +181,9 @@ class _Builder:
     def _leaf(self, schema: Mapping[str, Any]) -> Any:
         """A value that needs no more nesting, for a schema past the depth bound: ``null`` if a
         branch allows it, else an empty value of the (first branch's) type."""
-        if "const" in schema:
-            return schema["const"]
-        enum = schema.get("enum")
-        if isinstance(enum, list) and enum:
-            return enum[0]
+        named, value = _named_value(schema)
+        if named:
+            return value
         for key in ("anyOf", "oneOf"):
             branches = schema.get(key)
             if isinstance(branches, list) and branches:

@@ -79,7 +79,10 @@ def test_load_through_the_guard_in_front_of_vllm(
     # llama.cpp's grammar crashers: the guard lets them through to vLLM on purpose
     assert "gd-llamacpp-schema-maxlength-deep" in n["target"]["attacks_left_out"]
     assert n["benign_requests"] > 0 and n["benign_errors"] == 0, detail
-    assert n["attack_requests"] > 0 and n["attack_rejected"] == n["attack_requests"], detail
+    attacks = n["attacks"]  # loadtests.outcomes: what refused each attack
+    assert n["attack_requests"] > 0 and attacks["content_judged"] > 0, detail
+    assert attacks["content_stopped"] == attacks["content_judged"], detail
+    assert attacks["flood_bursts_stopped"] == attacks["flood_bursts"], detail
     assert n["guard_peak_rss_mb"] is not None and n["guard_peak_rss_mb"] > 0
     assert n["upstream_peak_rss_mb"] is not None and n["upstream_peak_rss_mb"] > 0
     assert n["target"]["memory_from"] == {

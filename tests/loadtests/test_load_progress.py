@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from loadtests import progress
-from loadtests.slo import RunData, Thresholds, evaluate
+from loadtests import outcomes, progress
+from loadtests.slo import CONTENT_CHECK, FLOOD_CHECK, Report, RunData, Thresholds, evaluate
 from schedguard import _load_cli
 from schedguard.cli import build_parser
 from schedguard.servers import schedguard_argv
@@ -37,36 +37,72 @@ _LINE = re.compile(
     r"\[\s*(?P<elapsed>\d+)/(?P<total>\S+) s(?P<done> done)?\] users (?P<benign_users>\d+)\+"
     r"(?P<attack_users>\d+) \| benign (?P<benign>\d+) req (?P<rps>[\d.]+)/s "
     r"p50 (?P<p50>\S+) ms p99 (?P<p99>\S+) ms, (?P<errors>\d+) errors \| "
-    r"attacks refused (?P<refused>\d+)/(?P<attacks>\d+)"
+    r"attacks (?P<attacks>\d+): content refused (?P<refused>\d+)/(?P<judged>\d+) judged, "
+    r"floods stopped (?P<floods_stopped>\d+)/(?P<floods>\d+)"
 )
 
 
-def _numbers(**counts: int) -> dict[str, Any]:
-    run = RunData(duration_s=10.0, benign_latency_ms={100: 8, 900: 2})
+def _report(
+    attacks: dict[str, int] | None = None, bursts: dict[str, int] | None = None, **counts: int
+) -> Report:
+    run = RunData(
+        duration_s=10.0,
+        benign_latency_ms={100: 8, 900: 2},
+        attack_records=attacks or {},
+        flood_bursts=bursts or {},
+    )
     for name, value in counts.items():
+        assert hasattr(run, name), name
         setattr(run, name, value)
-    return evaluate(run, Thresholds()).numbers
+    return evaluate(run, Thresholds())
+
+
+def _numbers(
+    attacks: dict[str, int] | None = None, bursts: dict[str, int] | None = None, **counts: int
+) -> dict[str, Any]:
+    return _report(attacks, bursts, **counts).numbers
+
+
+def _content(status: int, code: str | None) -> str:
+    return outcomes.key("json_body_bomb", outcomes.CONTENT_ATTACK, status, code)
+
+
+# 6 content attacks: 4 a content check refused, 1 served, 1 a limit refused before any check
+# judged it; 1 flood request, of 2 bursts of which 1 met a limit.
+_ATTACKS = {
+    _content(400, "json_too_deep"): 4,
+    _content(200, None): 1,
+    _content(429, "tenant_tokens_exhausted"): 1,
+    outcomes.key("volume", outcomes.FLOOD, 429, "rate_limited_requests"): 1,
+}
+_BURSTS = {outcomes.BURST_STOPPED: 1, outcomes.BURST_THROUGH: 1}
 
 
 def test_a_line_holds_the_reports_numbers(tmp_path: Path) -> None:
-    numbers = _numbers(
+    report = _report(
         benign_requests=10,
         benign_failures=1,
         lookalike_requests=3,
         lookalike_failures=2,
-        attack_requests=7,
-        attack_rejected=6,
+        attacks=_ATTACKS,
+        bursts=_BURSTS,
     )
+    numbers = report.numbers
     p = progress.of_numbers(
         numbers, elapsed_s=12.34, total_s=20.0, users={"benign": 6, "attack": 2}
     )
     line = progress.render(p)
     assert line == (
         "[  12/20 s] users 6+2 | benign 10 req 1.0/s p50 100 ms p99 900 ms, 3 errors | "
-        "attacks refused 6/7"
+        "attacks 7: content refused 4/5 judged, floods stopped 1/2"
     )
     # benign errors are the gate's: the synthetic requests' and the look-alikes' failures
     assert p.benign_errors == numbers["benign_errors"] == 3
+    # the attack figures are the gate's two checks': the rate-limited content attack was not
+    # judged, so it is neither refused nor through
+    checks = {c.name: c.measured for c in report.checks}
+    assert checks[CONTENT_CHECK].startswith("80.0% (4/5)")
+    assert checks[FLOOD_CHECK] == "50.0% (1/2 bursts)"
     progress.write(tmp_path / "p.json", p)
     assert progress.read(tmp_path / "p.json") == p
     assert progress.read(tmp_path / "missing.json") is None
@@ -112,7 +148,7 @@ def test_plain_view_writes_a_line_per_update(
     assert isinstance(view, _load_cli._ProgressView)
     view.update(force=True)  # nothing written yet: nothing shown
     assert err.getvalue() == ""
-    numbers = _numbers(benign_requests=4, attack_requests=2, attack_rejected=2)
+    numbers = _numbers(attacks=_ATTACKS, bursts=_BURSTS, benign_requests=4)
     p = progress.of_numbers(numbers, elapsed_s=4, total_s=20, users={"benign": 2})
     progress.write(tmp_path / "progress.json", p)
     view.update()  # not due: the interval is 60 s
@@ -223,8 +259,12 @@ def test_progress_updates_live_in_a_terminal(tmp_path: Path) -> None:
     # The last line is the final report's numbers...
     assert int(done["benign"]) == n["benign_requests"]
     assert int(done["errors"]) == n["benign_failures"] + n["lookalike_failures"]
-    assert int(done["refused"]) == n["attack_rejected"]
+    attacks = n["attacks"]
     assert int(done["attacks"]) == n["attack_requests"]
+    assert int(done["refused"]) == attacks["content_stopped"]
+    assert int(done["judged"]) == attacks["content_judged"]
+    assert int(done["floods_stopped"]) == attacks["flood_bursts_stopped"]
+    assert int(done["floods"]) == attacks["flood_bursts"]
     assert done["p99"] == f"{n['benign_p99_ms']:.0f}"
     assert done["rps"] == f"{n['benign_rps']:.1f}"
     # ...and the live ones counted up to them, time going forward within the run.
@@ -234,7 +274,10 @@ def test_progress_updates_live_in_a_terminal(tmp_path: Path) -> None:
     for counter, final in (
         ("benign", n["benign_requests"]),
         ("attacks", n["attack_requests"]),
-        ("refused", n["attack_rejected"]),
+        ("refused", attacks["content_stopped"]),
+        ("judged", attacks["content_judged"]),
+        ("floods_stopped", attacks["flood_bursts_stopped"]),
+        ("floods", attacks["flood_bursts"]),
     ):
         values = [int(m[counter]) for m in seen]
         assert values == sorted(values) and values[-1] <= final, (counter, values, final)

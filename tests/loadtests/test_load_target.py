@@ -3,7 +3,8 @@ read from the target, the benign look-alikes fitted to the kind, the corpus's bo
 served model, and memory read from pids or Prometheus ``/metrics``.
 
 A fake server plays vLLM (``owned_by: vllm``; 404 for another model, 400 for the reference's own
-fields and for media, as vLLM serving a text-only model answers) and exports
+fields and for media, as vLLM serving a text-only model answers; a forced tool call answered
+with the call) and exports
 ``process_resident_memory_bytes``; one short ``schedguard load --host`` run against it must see
 no benign error and report the memory it was told where to read.
 """
@@ -80,8 +81,26 @@ class _FakeVllm(BaseHTTPRequestHandler):
             self._send(200, sse + b"data: [DONE]\n\n", "text/event-stream")
             return
         usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-        answer = {"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}], "usage": usage}
+        choice: dict[str, Any] = {"index": 0, "text": "ok", "finish_reason": "stop"}
+        if "messages" in body:
+            choice = {"index": 0, "message": _message(body), "finish_reason": "stop"}
+        answer = {"choices": [choice], "usage": usage}
         self._send(200, json.dumps(answer).encode())
+
+
+def _message(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat answer: the call a forced ``tool_choice`` asks for (vLLM answers ``required``
+    and a named function with one; loadtests/tool_calls.py checks it), text otherwise."""
+    forced = body.get("tool_choice")
+    if not body.get("tools") or not (forced == "required" or isinstance(forced, dict)):
+        return {"role": "assistant", "content": "ok"}
+    name = (
+        forced["function"]["name"]
+        if isinstance(forced, dict)
+        else body["tools"][0]["function"]["name"]
+    )
+    call = {"id": "call-0", "type": "function", "function": {"name": name, "arguments": "{}"}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
 class _Server(ThreadingHTTPServer):
