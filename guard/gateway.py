@@ -358,7 +358,7 @@ class Gateway:
         its size in the fair queue."""
         key = admission.key
         rate = self.policy.rate_for(key)
-        limits = rate.slot_limits if key is not None else self.policy.rate.anonymous_slot_limits
+        limits = self.policy.slot_limits_for(key, rate)
         return self.concurrency.slot(
             admission.tenant, limits, flow=admission.flow, work=work, weight=rate.weight
         )

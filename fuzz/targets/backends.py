@@ -49,6 +49,7 @@ __all__ = [
     "MaskTooSlow",
     "OutlinesBackend",
     "XgrammarBackend",
+    "guidance_matcher",
     "join_input",
     "split_input",
 ]
@@ -332,6 +333,29 @@ class OutlinesBackend(_BackendTarget):
             raise BackendRejected(str(exc)[:200]) from None
 
 
+def guidance_matcher(llg: Any, tok: Any, kind: str, spec: Any) -> Any:
+    """llguidance's ``LLMatcher`` for a constraint (``kind``: json, choice, grammar, regex), the
+    JSON schema with any whitespace as vLLM's guidance backend asks; BackendRejected when
+    llguidance refuses it."""
+    try:
+        if kind == "json":
+            grammar = llg.LLMatcher.grammar_from_json_schema(
+                json.dumps(spec), defaults={"whitespace_flexible": True}
+            )
+        elif kind == "choice":
+            grammar = llg.grammar_from("choice", json.dumps(spec))
+        elif kind == "grammar":
+            grammar = llg.grammar_from("grammar", spec)
+        else:
+            grammar = llg.grammar_from("regex", spec)
+    except (ValueError, TypeError) as exc:
+        raise BackendRejected(str(exc)[:200]) from None
+    err = llg.LLMatcher.validate_grammar(grammar, None)
+    if err:
+        raise BackendRejected(str(err)[:200])
+    return llg.LLMatcher(tok, grammar, log_level=0)
+
+
 class GuidanceBackend(_BackendTarget):
     name = "backend-guidance"
     backend = "guidance"
@@ -347,23 +371,7 @@ class GuidanceBackend(_BackendTarget):
 
     def _compile(self, env: Any, kind: str, spec: Any) -> None:
         llg, tok = env
-        try:
-            if kind == "json":
-                grammar = llg.LLMatcher.grammar_from_json_schema(
-                    json.dumps(spec), defaults={"whitespace_flexible": True}
-                )
-            elif kind == "choice":
-                grammar = llg.grammar_from("choice", json.dumps(spec))
-            elif kind == "grammar":
-                grammar = llg.grammar_from("grammar", spec)
-            else:
-                grammar = llg.grammar_from("regex", spec)
-        except (ValueError, TypeError) as exc:
-            raise BackendRejected(str(exc)[:200]) from None
-        err = llg.LLMatcher.validate_grammar(grammar, None)
-        if err:
-            raise BackendRejected(str(err)[:200])
-        matcher = llg.LLMatcher(tok, grammar, log_level=0)
+        matcher = guidance_matcher(llg, tok, kind, spec)
         rng = random.Random(1)
         for _ in range(MASK_STEPS):
             if matcher.is_stopped():

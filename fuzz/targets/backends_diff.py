@@ -49,7 +49,12 @@ from typing import Any, ClassVar
 from fuzz.targets._base import Budgets, Cost
 from fuzz.targets._common import TargetBase
 from fuzz.targets._mutate import json_mutate
-from fuzz.targets.backends import BackendRejected, join_input, split_input
+from fuzz.targets.backends import (
+    BackendRejected,
+    guidance_matcher,
+    join_input,
+    split_input,
+)
 
 __all__ = [
     "BACKENDS",
@@ -327,21 +332,7 @@ class _Guidance(_Backend):
         self.tok = llguidance.LLTokenizer(raw.text, n_vocab=raw.size, eos_token=raw.eos)
 
     def compile(self, kind: str, spec: Any) -> Any:
-        llg = self.llg
-        try:
-            if kind == "json":
-                # as vLLM's guidance backend asks (any whitespace), like backend-guidance
-                grammar = llg.LLMatcher.grammar_from_json_schema(
-                    json.dumps(spec), defaults={"whitespace_flexible": True}
-                )
-            else:
-                grammar = llg.grammar_from("regex", spec)
-        except (ValueError, TypeError) as exc:
-            raise BackendRejected(str(exc)[:200]) from None
-        err = llg.LLMatcher.validate_grammar(grammar, None)
-        if err:
-            raise BackendRejected(str(err)[:200])
-        return llg.LLMatcher(self.tok, grammar, log_level=0)
+        return guidance_matcher(self.llg, self.tok, kind, spec)  # as backend-guidance does
 
     def accepts(self, compiled: Any, text: str) -> bool:
         m = compiled.deep_copy()  # a rejected token leaves a matcher in its error state

@@ -584,6 +584,11 @@ class Policy(Section):
         rate = self.rates_by_digest.get(entry.digest)
         return rate if rate is not None else entry.rate.apply(self.rate)
 
+    def slot_limits_for(self, entry: KeyEntry | None, rate: RatePolicy) -> ConcurrencyLimits:
+        """The concurrency limits of one key under its ``rate`` (:meth:`rate_for`); the
+        anonymous tenant's are ``rate.anonymous_slot_limits``."""
+        return rate.slot_limits if entry is not None else self.rate.anonymous_slot_limits
+
 
 def is_section(annotation: Any) -> TypeGuard[type]:
     """Whether a field of this type is a section: a policy model or a limit set."""

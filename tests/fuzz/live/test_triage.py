@@ -131,7 +131,6 @@ def test_a_restart_command_that_fails_stops_the_campaign_with_its_output(
     assert stats["restart_failure"]["status"] == 3
     assert "cannot-start-it" in stats["restart_failure"]["output"]
     assert stats["stopped"] == "the restart command failed"
-    assert report.duration_s < 15  # stopped, did not run out its duration
     assert [f.outcome.verdict for f in report.findings] == ["crash"]
 
 
