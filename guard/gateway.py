@@ -204,11 +204,11 @@ class Gateway:
         )
 
     def open(
-        self, ex: Exchange, headers: list[tuple[bytes, bytes]], peer: str | None = ""
+        self, ex: Exchange, headers: list[tuple[bytes, bytes]], peer: str = ""
     ) -> Opened | Admission:
         """The head of a request: framing of the headers, route and method, API key; ``peer``:
-        the connection's client address (``""``: unknown; None: a proxy in front that appends
-        it to ``rate.client_address_header``, as Envoy does).
+        the connection's client address (``""``: unknown), as the listening socket, or Envoy's
+        ``source.address`` attribute, says.
 
         Returns the :class:`Opened` request (its body is read next, under the framing caps,
         and judged by :meth:`judge`) or, for a refusal of its framing, the refused
@@ -239,11 +239,11 @@ class Gateway:
         flow = tenant if key is not None else self._address_flow(headers, peer)
         return Opened(head, pairs, key, tenant, expected == "POST", flow)
 
-    def _address_flow(self, headers: list[tuple[bytes, bytes]], peer: str | None) -> str:
+    def _address_flow(self, headers: list[tuple[bytes, bytes]], peer: str) -> str:
         rate = self.policy.rate
         name = rate.client_address_header.encode("latin-1")
         forwarded = None
-        if peer is None or rate.proxies:
+        if rate.proxies:
             values = [v for k, v in headers if k.lower() == name]
             if values:
                 forwarded = b",".join(values).decode("latin-1")

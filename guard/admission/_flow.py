@@ -76,10 +76,10 @@ def _hops(header: str, value: str) -> list[str]:
 
 
 def _client(
-    peer: str | None, forwarded: str | None, trusted: TrustedProxies, header: str
+    peer: str, forwarded: str | None, trusted: TrustedProxies, header: str
 ) -> _Address | None:
     address = _parse(peer) if peer else None
-    if forwarded is None or (peer is not None and not trusted.trusts(address)):
+    if forwarded is None or not trusted.trusts(address):
         return address
     for hop in reversed(_hops(header, forwarded)):
         hop_address = _parse(hop)
@@ -92,14 +92,13 @@ def _client(
 
 
 def address_flow(
-    peer: str | None,
+    peer: str,
     forwarded: str | None,
     trusted: TrustedProxies,
     header: str = "x-forwarded-for",
 ) -> str:
-    """The flow of an anonymous request from ``peer`` (``""``: unknown; None: a proxy that
-    appends the client's address to the header, i.e. Envoy) with the value of the
-    client-address ``header`` (None: absent)."""
+    """The flow of an anonymous request from ``peer`` (the connection's client address,
+    ``""``: unknown) with the value of the client-address ``header`` (None: absent)."""
     address = _client(peer, forwarded, trusted, header)
     if address is None:
         return f"{ANONYMOUS_FLOW_PREFIX}unknown"

@@ -42,6 +42,19 @@ def headers_of(header_map: Any) -> Headers:
     return out
 
 
+# The ext_proc filter's attributes (its `request_attributes`) arrive under its own name.
+_FILTER = "envoy.filters.http.ext_proc"
+
+
+def source_address(request: Any) -> str:
+    """The downstream peer Envoy says sent ``request`` (its ``source.address`` attribute, the
+    filter configured with ``request_attributes: [source.address]``); ``""``: not sent."""
+    if _FILTER not in request.attributes:
+        return ""
+    value = request.attributes[_FILTER].fields.get("source.address")
+    return value.string_value if value is not None else ""
+
+
 def _build_option(name: str, value: str) -> Any:
     return base_pb2.HeaderValueOption(
         header=base_pb2.HeaderValue(key=name, raw_value=value.encode("latin-1")),

@@ -6,8 +6,10 @@ message is answered (unless the filter runs in ``observability_mode``) before En
 :class:`ExtProcStream` is that conversation as a state machine around the same
 :class:`~guard.gateway.Gateway` the proxy uses:
 
-- request headers: :meth:`Gateway.open` (header caps, route, method, key); a refusal is an
-  ``ImmediateResponse`` with the proxy's status, OpenAI error body and headers;
+- request headers: :meth:`Gateway.open` (header caps, route, method, key; the client's address,
+  for the fair queue, from the ``source.address`` attribute the filter is configured to send:
+  an ``x-forwarded-for`` Envoy passes through unchanged is the client's own claim);
+  a refusal is an ``ImmediateResponse`` with the proxy's status, OpenAI error body and headers;
 - the request body, buffered by Envoy (``BUFFERED``: one message, ``end_of_stream``):
   :meth:`Gateway.judge_buffered` (the framing caps that still apply: size, encoding), the
   checks, then the rate-limit reservation and the concurrency slot (held while the stream
@@ -49,6 +51,7 @@ from guard.extproc._messages import (
     headers_response,
     immediate_error,
     pb,
+    source_address,
 )
 from guard.gateway import Forward, Gateway
 from guard.http import HOP_BY_HOP, check_declared_body, usable_request_id
@@ -69,7 +72,8 @@ _SSE = "text/event-stream"
 # Headers Envoy's connection manager adds before the filters run: not the client's, so not
 # counted against its header caps (the proxy never sees them). Its x-request-id too (it
 # replaces a client's by default), which names the exchange instead.
-_ENVOY_ADDED = frozenset({b"x-forwarded-proto", b"x-envoy-internal"})
+# x-envoy-external-address: as an edge proxy (use_remote_address), the peer, once more.
+_ENVOY_ADDED = frozenset({b"x-forwarded-proto", b"x-envoy-internal", b"x-envoy-external-address"})
 # Chunks an upstream may still send after the stream's end (the relay cut it at the output cap,
 # or its own [DONE]) before the response is reset: a server that honours the cap injected into
 # the request ends within a few (its finish chunk, usage, [DONE]).
@@ -129,7 +133,7 @@ class ExtProcStream:
 
     async def _on(self, kind: str | None, request: Any) -> Any:
         if kind == "request_headers":
-            return await self._request_headers(request.request_headers)
+            return await self._request_headers(request.request_headers, source_address(request))
         if kind == "request_body":
             return await self._request_body(request.request_body)
         if kind == "response_headers":
@@ -144,7 +148,7 @@ class ExtProcStream:
 
     # ------------------------------------------------------------------------ request side
 
-    async def _request_headers(self, message: Any) -> Any:
+    async def _request_headers(self, message: Any, peer: str) -> Any:
         if self.ex is not None:
             raise ProtocolError("request headers twice")
         pseudo: dict[bytes, bytes] = {}
@@ -169,7 +173,7 @@ class ExtProcStream:
         self.request_headers = headers
         envoy_id = usable_request_id(request_id) if request_id else None
         try:
-            opened = gateway.open(ex, headers, None)  # Envoy appends the client's address
+            opened = gateway.open(ex, headers, peer)
         except GuardError as err:
             ex.request_id = envoy_id or ex.request_id
             return self._refuse(err)

@@ -145,8 +145,8 @@ class RatePolicy(RateLimits):
     client_address_header: str = Field(
         default="x-forwarded-for",
         description="The header a proxy in front writes the client's address to; read only "
-        "for requests from `trusted_proxies` (and under Envoy, which appends the downstream "
-        "address itself): the right-most address that is not a trusted proxy is the client's, "
+        "for requests from `trusted_proxies` (under Envoy: the downstream peer, its "
+        "`source.address` attribute): the right-most address that is not a trusted proxy is the client's, "
         "the fair queue's flow of an anonymous caller. `forwarded` reads the standard header "
         "(RFC 7239) by its `for=` parameters.",
     )

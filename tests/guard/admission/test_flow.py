@@ -26,9 +26,9 @@ CUT_IN_TWO = "21.2.3.4".ljust(4097 - len(", 10.0.0.9")) + ", 10.0.0.9"
         # ... and is from a trusted proxy: the right-most address not a proxy's.
         ("10.0.0.2", "6.6.6.6, 1.2.3.4, 10.0.0.3", ("10.0.0.0/24",), "anonymous/1.2.3.4"),
         ("10.0.0.2", "junk, 1.2.3.4", ("10.0.0.0/24",), "anonymous/1.2.3.4"),
-        # Envoy (peer None) appends the downstream address itself.
-        (None, "5.6.7.8", (), "anonymous/5.6.7.8"),
-        (None, None, (), "anonymous/unknown"),
+        # An unknown peer (an ext_proc filter not sending source.address) is one flow, and
+        # the header is not believed from it.
+        ("", "5.6.7.8", (), "anonymous/unknown"),
         ("", None, (), "anonymous/unknown"),
         # Only the right-most 4 KiB is read: a client's padding cannot push the proxy's
         # entry out, and the entry cut in two is not taken for an address.
@@ -37,7 +37,7 @@ CUT_IN_TWO = "21.2.3.4".ljust(4097 - len(", 10.0.0.9")) + ", 10.0.0.9"
     ],
 )
 def test_anonymous_callers_are_flows_by_address(
-    peer: str | None, forwarded: str | None, trusted: tuple[str, ...], flow: str
+    peer: str, forwarded: str | None, trusted: tuple[str, ...], flow: str
 ) -> None:
     assert address_flow(peer, forwarded, TrustedProxies(trusted)) == flow
 

@@ -47,6 +47,7 @@ def test_envoy_configs_validate(name: str, tmp_path: Path) -> None:
     _validate(cfg, tmp_path)
     first = ext_proc_filter(cfg)
     assert first["failure_mode_allow"] is False
+    assert first["request_attributes"] == ["source.address"]  # the fair queue's client
     assert {k: first["processing_mode"][k] for k in STANDARD} == STANDARD
     listener = cfg["static_resources"]["listeners"][0]
     policy = load_policy(None, {})
@@ -80,6 +81,7 @@ def test_istio_envoyfilter_inserts_the_same_filter(tmp_path: Path) -> None:
     _validate(cfg, tmp_path)
     assert {k: typed["processing_mode"][k] for k in STANDARD} == STANDARD
     assert typed["failure_mode_allow"] is False
+    assert typed["request_attributes"] == ["source.address"]
 
 
 @pytest.mark.parametrize("name", ["envoy-gateway.yaml", "envoy-ai-gateway.yaml"])
@@ -91,7 +93,7 @@ def test_envoy_gateway_policies_use_the_standard_contract(name: str) -> None:
     }  # fmt: skip
     assert ext["failOpen"] is False
     assert ext["processingMode"] == {
-        "request": {"body": "Buffered"},
+        "request": {"body": "Buffered", "attributes": ["source.address"]},
         "response": {"body": "Streamed"},
     }
     assert policy["spec"]["targetRefs"][0]["kind"] == "Gateway"

@@ -507,3 +507,36 @@ async def test_a_body_over_the_cap_within_a_larger_envoy_buffer_gets_the_policys
         await _settled(stack.gateway)
     assert resp.status_code == 413 and resp.json()["error"]["code"] == "body_too_large"
     assert not stack.fake.received
+
+
+# ------------------------------------------------------------- the fair queue's flows
+
+
+@pytest.mark.parametrize(
+    ("policy_text", "flow"),
+    [
+        # The peer Envoy saw (its source.address attribute), not the client's own header ...
+        ("{}", "anonymous/127.0.0.1"),
+        # ... which is believed from a trusted proxy in front (here the test is that proxy).
+        ("rate: {trusted_proxies: [127.0.0.1]}", "anonymous/6.6.6.6"),
+    ],
+)
+async def test_an_anonymous_clients_flow_is_the_address_envoy_saw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy_text: str, flow: str
+) -> None:
+    policy = _policy(tmp_path, policy_text)
+    flows: list[str] = []
+    async with envoy_stack(policy) as stack:
+        open_request = stack.gateway.open
+
+        def spy(*args: Any) -> Any:
+            opened = open_request(*args)
+            flows.append(getattr(opened, "flow", "refused"))
+            return opened
+
+        monkeypatch.setattr(stack.gateway, "open", spy)
+        async with httpx.AsyncClient(base_url=stack.envoy.url, timeout=10) as client:
+            headers = {"x-forwarded-for": "6.6.6.6"}
+            resp = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+            assert resp.status_code == 200, resp.text
+    assert flows == [flow]
