@@ -142,15 +142,14 @@ class UpstreamConfig:
     )
     priority_scheduling: bool = Field(
         default=False,
-        description="Whether the upstream schedules by the requests' `priority` (lower served "
-        "earlier, and preempting running requests): vLLM started with `--scheduling-policy "
-        "priority`, or SGLang with `--enable-priority-scheduling "
-        "--schedule-low-priority-values-first` (SGLang alone serves higher values first). "
-        "`true`: every request carries its key's `rate.priority` (injected when absent), a "
-        "client may ask for a worse (higher) one but not a better one (400 "
-        "`priority_not_allowed`), and `X-Vllm-Priority` is moved into the body, never "
-        "forwarded. `false` (default): a `priority` other than 0 is refused "
-        "(`field_not_allowed`), nothing is injected. See \"Priorities\" above.",
+        description="Whether the upstream schedules by the requests' `priority`, lower "
+        "first: vLLM started with `--scheduling-policy priority`, SGLang with "
+        "`--enable-priority-scheduling --schedule-low-priority-values-first`. `true`: each "
+        "request is scheduled with its key's `rate.priority` or a worse one its client asks "
+        "for, and `X-Vllm-Priority` is never forwarded (its value goes in the body). `false` "
+        "(default): a `priority` other than 0 is refused (`field_not_allowed`) and nothing is "
+        'injected. Not with `kind: llama_cpp` (it has no priorities). See "Priorities" '
+        "above.",
     )
     strip_headers: tuple[str, ...] = Field(
         default=UPSTREAM_CONTROL_HEADERS,

@@ -284,7 +284,13 @@ class RateOverrides(Section):
         update = {k: getattr(self, k) for k in self.model_fields_set}
         # burst, per_key_concurrency, guided_compile_burst_s, weight and priority cannot be
         # unlimited: null there means "inherit".
-        for name in ("burst", "per_key_concurrency", "guided_compile_burst_s", "weight", "priority"):
+        for name in (
+            "burst",
+            "per_key_concurrency",
+            "guided_compile_burst_s",
+            "weight",
+            "priority",
+        ):
             if update.get(name, 0) is None:
                 del update[name]
         return dataclasses.replace(base, **update) if update else base
