@@ -247,7 +247,7 @@ class Gateway:
             values = [v for k, v in headers if k.lower() == name]
             if values:
                 forwarded = b",".join(values).decode("latin-1")
-        return address_flow(peer, forwarded, rate.proxies)
+        return address_flow(peer, forwarded, rate.proxies, rate.client_address_header)
 
     def judge(self, ex: Exchange, opened: Opened, body: bytes) -> Admission:
         """The verdict on a request's body, read and decoded under the framing caps: the

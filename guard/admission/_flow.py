@@ -6,7 +6,9 @@ the others' share: an IPv4 address, or an IPv6 address's /64 (one host's share o
 usually a whole /64, and a client could otherwise be many flows). Behind a proxy the peer is the
 proxy: its header (``x-forwarded-for``) is read only when the peer is one of the trusted proxies
 the policy lists, and then the right-most address in it that is not itself a trusted proxy is
-the client's (the entries to its left are whatever the client sent).
+the client's (the entries to its left are whatever the client sent). The standard
+``Forwarded`` header (RFC 7239) is read by its ``for=`` parameters when it is the one
+configured; an obfuscated or ``unknown`` node there is no address, like any garbage.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ __all__ = ["ANONYMOUS_FLOW_PREFIX", "TrustedProxies", "address_flow"]
 # flow can be taken for an address's.
 ANONYMOUS_FLOW_PREFIX = "anonymous/"
 
-# A header value past this is not read (a client's own padding of the header).
+# Only the right-most part of a header value is read (to its left, the client's own padding).
 _MAX_HEADER = 4096
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -55,11 +57,31 @@ def _parse(text: str) -> _Address | None:
         return None
 
 
-def _client(peer: str | None, forwarded: str | None, trusted: TrustedProxies) -> _Address | None:
+def _for_node(element: str) -> str:
+    """The node of a ``Forwarded`` element's ``for=`` parameter (``""``: none)."""
+    for pair in element.split(";"):
+        name, _, value = pair.partition("=")
+        if name.strip().lower() == "for":
+            return value.strip().strip('"')
+    return ""
+
+
+def _hops(header: str, value: str) -> list[str]:
+    if len(value) > _MAX_HEADER:
+        # The right end is the proxies' (read first); the cut entry at the left is dropped,
+        # as a part of an address can read as another address.
+        value = value[-_MAX_HEADER:].partition(",")[2]
+    elements = value.split(",")
+    return [_for_node(e) for e in elements] if header == "forwarded" else elements
+
+
+def _client(
+    peer: str | None, forwarded: str | None, trusted: TrustedProxies, header: str
+) -> _Address | None:
     address = _parse(peer) if peer else None
     if forwarded is None or (peer is not None and not trusted.trusts(address)):
         return address
-    for hop in reversed(forwarded[:_MAX_HEADER].split(",")):
+    for hop in reversed(_hops(header, forwarded)):
         hop_address = _parse(hop)
         if hop_address is None:
             break  # garbage from the client's side: the last good address stands
@@ -69,11 +91,16 @@ def _client(peer: str | None, forwarded: str | None, trusted: TrustedProxies) ->
     return address
 
 
-def address_flow(peer: str | None, forwarded: str | None, trusted: TrustedProxies) -> str:
+def address_flow(
+    peer: str | None,
+    forwarded: str | None,
+    trusted: TrustedProxies,
+    header: str = "x-forwarded-for",
+) -> str:
     """The flow of an anonymous request from ``peer`` (``""``: unknown; None: a proxy that
     appends the client's address to the header, i.e. Envoy) with the value of the
-    client-address header (None: absent)."""
-    address = _client(peer, forwarded, trusted)
+    client-address ``header`` (None: absent)."""
+    address = _client(peer, forwarded, trusted, header)
     if address is None:
         return f"{ANONYMOUS_FLOW_PREFIX}unknown"
     if isinstance(address, ipaddress.IPv6Address):

@@ -158,7 +158,8 @@ class RatePolicy(RateLimits):
         description="The header a proxy in front writes the client's address to; read only "
         "for requests from `trusted_proxies` (and under Envoy, which appends the downstream "
         "address itself): the right-most address that is not a trusted proxy is the client's, "
-        "the fair queue's flow of an anonymous caller.",
+        "the fair queue's flow of an anonymous caller. `forwarded` reads the standard header "
+        "(RFC 7239) by its `for=` parameters.",
     )
     trusted_proxies: tuple[str, ...] = Field(
         default=(),

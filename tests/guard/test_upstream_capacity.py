@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from guard.admission import TrustedProxies, address_flow
 from guard.gateway import Gateway, build_gateway
 from guard.policy import policy_from_yaml
 from guard.upstream_capacity import Load, UpstreamCapacity, next_limit, parse_load
@@ -142,30 +141,6 @@ async def test_an_upstream_that_says_nothing_is_asked_again_later() -> None:
     for _ in range(12):
         await capacity.refresh()
     assert capacity.source == "upstream"
-
-
-@pytest.mark.parametrize(
-    ("peer", "forwarded", "trusted", "flow"),
-    [
-        ("10.0.0.7", None, (), "anonymous/10.0.0.7"),
-        ("2001:db8:1:2:aaaa::1", None, (), "anonymous/2001:db8:1:2::/64"),
-        ("2001:db8:1:2:bbbb::9", None, (), "anonymous/2001:db8:1:2::/64"),  # same /64
-        ("::ffff:10.0.0.7", None, (), "anonymous/10.0.0.7"),
-        # A client's own header is not believed from an untrusted peer ...
-        ("10.0.0.7", "1.2.3.4", (), "anonymous/10.0.0.7"),
-        # ... and is from a trusted proxy: the right-most address not a proxy's.
-        ("10.0.0.2", "6.6.6.6, 1.2.3.4, 10.0.0.3", ("10.0.0.0/24",), "anonymous/1.2.3.4"),
-        ("10.0.0.2", "junk, 1.2.3.4", ("10.0.0.0/24",), "anonymous/1.2.3.4"),
-        # Envoy (peer None) appends the downstream address itself.
-        (None, "5.6.7.8", (), "anonymous/5.6.7.8"),
-        (None, None, (), "anonymous/unknown"),
-        ("", None, (), "anonymous/unknown"),
-    ],
-)
-def test_anonymous_callers_are_flows_by_address(
-    peer: str | None, forwarded: str | None, trusted: tuple[str, ...], flow: str
-) -> None:
-    assert address_flow(peer, forwarded, TrustedProxies(trusted)) == flow
 
 
 def test_keys_are_flows_by_tenant_with_their_weight() -> None:
