@@ -148,8 +148,8 @@ class UpstreamConfig:
         "request is scheduled with its key's `rate.priority` or a worse one its client asks "
         "for, and `X-Vllm-Priority` is never forwarded (its value goes in the body). `false` "
         "(default): a `priority` other than 0 is refused (`field_not_allowed`) and nothing is "
-        'injected. Not with `kind: llama_cpp` (it has no priorities). See "Priorities" '
-        "above.",
+        "injected. Needs the `schema` check, which decides it; not with `kind: llama_cpp` (it "
+        'has no priorities). See "Priorities" above.',
     )
     strip_headers: tuple[str, ...] = Field(
         default=UPSTREAM_CONTROL_HEADERS,

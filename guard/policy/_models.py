@@ -543,6 +543,17 @@ class Policy(Section):
         return value
 
     @model_validator(mode="after")
+    def _priorities_checked(self) -> Policy:
+        # The schema check bounds each request's priority by its key's: without it, under
+        # priority scheduling, any client could preempt every other tenant.
+        if self.upstream.priority_scheduling and "schema" not in self.checks:
+            raise ValueError(
+                "upstream.priority_scheduling needs the schema check in `checks` (it bounds "
+                "each request's priority by its key's)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _unique_keys(self) -> Policy:
         seen: dict[str, int] = {}
         for i, entry in enumerate(self.keys):

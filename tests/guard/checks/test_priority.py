@@ -103,6 +103,10 @@ def test_without_priority_scheduling_no_caller_has_a_priority() -> None:
         (f"rate: {{priority: {PRIORITY_MIN - 1}}}", f"must be >= {PRIORITY_MIN}"),
         ("keys: [{key: sk-aaaaaaaa, tenant: a, rate: {priority: x}}]", "keys[0].rate.priority"),
         ("upstream: {priority_scheduling: maybe}", "upstream.priority_scheduling"),
+        (
+            "upstream: {priority_scheduling: true}\nchecks: [fanout, tokens]",
+            "upstream.priority_scheduling needs the schema check",
+        ),
     ],
 )
 def test_bad_priority_settings_are_named(yaml: str, message: str) -> None:
