@@ -13,6 +13,7 @@ a policy's ``checks`` list uses to the functions; :mod:`guard.pipeline` runs the
 from guard.checks._llamacpp import check_llama_cpp_shapes
 from guard.checks._logprob_work import logprob_work
 from guard.checks._policy import PolicyView
+from guard.checks._priority import Priority
 from guard.checks._registry import CHECK_NAMES, CHECKS, CheckFn, CheckLimits, CheckSections
 from guard.checks._result import PASS, CheckResult, Mutation, apply_mutations
 from guard.checks._tokens_limits import DEFAULT_CONTEXT_LENGTH, TokensLimits
@@ -36,6 +37,7 @@ __all__ = [
     "MultimodalLimits",
     "Mutation",
     "PolicyView",
+    "Priority",
     "RequestTemplateLimits",
     "SchemaLimits",
     "TemplatesLimits",

@@ -7,7 +7,7 @@ the guard was decided from those models (research note: vLLM 0.32's request fiel
   (``kv_transfer_params``, ``vllm_xargs``, ``media_io_kwargs``, a client ``request_id``, ...),
   refused in every ``unknown_fields`` mode;
 - **bounded**: the values that cost nothing are accepted, the others refused here, whatever
-  the policy (:data:`RULES`): ``priority`` 0 only, ``use_beam_search`` false only,
+  the policy (:data:`RULES`): ``use_beam_search`` false only,
   ``watermarking`` not false, embeddings ``padding`` not ``max_length``,
   ``repetition_detection.max_pattern_size`` at most 64; on the Responses API ``background``
   and ``store`` not true (``store: false`` is injected when absent: vLLM defaults it to true
@@ -15,6 +15,9 @@ the guard was decided from those models (research note: vLLM 0.32's request fiel
 - **allowed**: the rest (sampling parameters vLLM validates itself, ``cache_salt``,
   ``truncate_prompt_tokens``, ...), bounded where they multiply work by the fan-out, tokens
   and guided checks.
+
+``priority`` is bounded by the caller's key where the upstream schedules by it, 0 only
+elsewhere: :mod:`guard.checks._priority`.
 
 docs/POLICY.md ("vLLM's cost fields") has the table with each field's reason. Refusals are
 ``field_not_allowed`` (400) naming the field in ``param``.
@@ -41,15 +44,6 @@ RESPONSES_TOOL_TYPES = frozenset({"function", "custom"})
 
 def _refuse(param: str, message: str) -> GuardError:
     return GuardError(FIELD_NOT_ALLOWED, message, param=param)
-
-
-def _priority(value: Any) -> None:
-    if value != 0 or isinstance(value, bool):
-        raise _refuse(
-            "priority",
-            "priority other than 0 is not accepted: under vLLM's priority scheduling a lower "
-            "value preempts other tenants' requests",
-        )
 
 
 def _beam_search(value: Any) -> None:
@@ -105,7 +99,6 @@ def _responses_tools(value: Any) -> None:
 
 
 _ANY: dict[str, Callable[[Any], None]] = {
-    "priority": _priority,
     "use_beam_search": _beam_search,
     "watermarking": _watermarking,
     "repetition_detection": _repetition,

@@ -1,4 +1,5 @@
-"""What a check reads of the policy: the limit sets it names, and the upstream's kind in force.
+"""What a check reads of the policy: the limit sets it names, the upstream's kind in force and
+the caller's priority.
 
 Each check declares the sections it reads as a protocol beside itself (``FanoutReads``: the
 ``fanout`` and ``tokens`` limit sets) and takes a ``PolicyView`` of them, not a
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from guard.http import UpstreamKind
+    from guard.request import CallerKey
 
 __all__ = ["PolicyView"]
 
@@ -28,3 +30,8 @@ class PolicyView(Protocol[Sections]):
 
     @property
     def upstream_kind(self) -> UpstreamKind: ...
+
+    def priority_for(self, key: CallerKey | None) -> int | None:
+        """The best priority the upstream may schedule this caller's requests with; ``None``
+        when it does not schedule by priority."""
+        ...

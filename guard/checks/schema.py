@@ -8,8 +8,10 @@ everything deeper is the upstream's to validate.
 Codes: ``body_not_object``, ``missing_field``, ``invalid_type``, ``invalid_value``,
 ``unknown_field`` (with ``limits.schema.unknown_fields: reject``), ``field_not_allowed``
 (``limits.schema.denied_fields``, and vLLM's cost fields with a value that costs: see
-:mod:`guard.checks._cost_fields`). All 400. The one mutation: ``store: false`` on a Responses
-request that does not set it.
+:mod:`guard.checks._cost_fields`), ``priority_not_allowed`` (a priority better than the
+caller's key allows: :mod:`guard.checks._priority`). All 400. The mutations: ``store: false``
+on a Responses request that does not set it; under priority scheduling, the caller's
+``priority`` where the body does not say it.
 
 In front of llama-cpp-python (``upstream.kind: llama_cpp``, set or detected), what its request
 models reject (it answers those with a 500) is refused too: ``unsupported_by_upstream``, and
@@ -28,8 +30,10 @@ from guard.checks import _schema_fields as fields
 from guard.checks._cost_fields import check_cost_fields
 from guard.checks._llamacpp import check_llama_cpp_shapes
 from guard.checks._policy import PolicyView
+from guard.checks._priority import check_priority
 from guard.checks._result import CheckResult, pure_check
 from guard.errors import GuardError
+from guard.http import PRIORITY_HEADER
 from guard.request import Endpoint, RequestView
 
 __all__ = ["DENIED_FIELDS", "SchemaLimits", "SchemaReads", "check_schema"]
@@ -161,4 +165,7 @@ def check_schema(view: RequestView, policy: PolicyView[SchemaReads]) -> CheckRes
     if policy.upstream_kind == "llama_cpp":
         check_llama_cpp_shapes(body, view.endpoint)
     mutations = check_cost_fields(body, view.endpoint)
+    header = view.headers.get(PRIORITY_HEADER)
+    best = policy.priority_for(view.key)
+    mutations += check_priority(body, view.endpoint, header, best)
     return CheckResult.passed(mutations=mutations) if mutations else None

@@ -5,7 +5,7 @@ pooled upstream client, SSE relay and client-disconnect hooks.
 from __future__ import annotations
 
 from guard.errors import ClientDisconnected, UpstreamError
-from guard.http._client import UpstreamConfig, UpstreamKind
+from guard.http._client import PRIORITY_HEADER, UpstreamConfig, UpstreamKind
 from guard.http._connections import (
     ConnectionLimits,
     raise_nofile_limit,
@@ -49,6 +49,7 @@ from guard.http._upstream import (
 __all__ = [
     "DISCONNECT_EXTENSION",
     "HOP_BY_HOP",
+    "PRIORITY_HEADER",
     "PROBE_HEADER",
     "ClientDisconnected",
     "ConnectionLimits",

@@ -41,6 +41,7 @@ from guard.errors import ConnectFailed, ResponseBroken, UpstreamTimeout
 
 __all__ = [
     "KEEPALIVE_S",
+    "PRIORITY_HEADER",
     "UPSTREAM_CONTROL_HEADERS",
     "ConnectionPool",
     "PooledResponse",
@@ -63,9 +64,11 @@ class _StaleConnection(ResponseBroken):
 
 # What the upstream is (``upstream.kind`` once ``auto`` is decided).
 UpstreamKind = Literal["vllm", "llama_cpp", "other"]
+# vLLM's request header that overrides the body's `priority` (chat, completions, responses).
+PRIORITY_HEADER = "x-vllm-priority"
 # Request headers through which a client steers vLLM's scheduler, routing or answers.
 UPSTREAM_CONTROL_HEADERS: tuple[str, ...] = (
-    "x-vllm-priority",
+    PRIORITY_HEADER,
     "x-session-id",
     "x-data-parallel-rank",
     "endpoint-load-metrics-format",
@@ -137,6 +140,17 @@ class UpstreamConfig:
         "are vLLM's, `owned_by: me` llama-cpp-python's); `other` until it answers. "
         "`/readyz`, the dry run and `schedguard policy show --upstream` say the kind in force.",
     )
+    priority_scheduling: bool = Field(
+        default=False,
+        description="Whether the upstream schedules by the requests' `priority`, lower "
+        "first: vLLM started with `--scheduling-policy priority`, SGLang with "
+        "`--enable-priority-scheduling --schedule-low-priority-values-first`. `true`: each "
+        "request is scheduled with its key's `rate.priority` or a worse one its client asks "
+        "for, and `X-Vllm-Priority` is never forwarded (its value goes in the body). `false` "
+        "(default): a `priority` other than 0 is refused (`field_not_allowed`) and nothing is "
+        "injected. Needs the `schema` check, which decides it; not with `kind: llama_cpp` (it "
+        'has no priorities). See "Priorities" above.',
+    )
     strip_headers: tuple[str, ...] = Field(
         default=UPSTREAM_CONTROL_HEADERS,
         description="Client headers never forwarded, by name (any case): vLLM 0.32 reads "
@@ -154,6 +168,13 @@ class UpstreamConfig:
             if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}", name):
                 raise ValueError(f"{name[:40]!r} is not a header name")
         return tuple(name.lower() for name in value)
+
+    @pydantic.model_validator(mode="after")
+    def _priority_upstream(self) -> UpstreamConfig:
+        if self.priority_scheduling and self.kind == "llama_cpp":
+            # llama-cpp-python's request models have no `priority`: nothing would schedule by it.
+            raise ValueError("priority_scheduling: llama.cpp has no priority scheduling")
+        return self
 
     @pydantic.field_validator("url")
     @classmethod

@@ -30,6 +30,7 @@ from typing import Any
 from guard.errors import ConnectFailed, GuardError, TransportError, UpstreamError
 from guard.http._client import (
     KEEPALIVE_S,
+    PRIORITY_HEADER,
     ConnectionPool,
     PooledResponse,
     UpstreamConfig,
@@ -186,8 +187,13 @@ def response_headers(resp: UpstreamResponse) -> list[tuple[bytes, bytes]]:
 def dropped_headers(config: UpstreamConfig) -> frozenset[bytes]:
     """The request headers (lower-case names) never forwarded as the client sent them:
     hop-by-hop and framing headers, ``authorization`` and ``x-request-id`` (the caller's
-    decision), ``accept-encoding`` (replaced) and ``config.strip_headers``."""
-    return _NOT_FORWARDED_RAW | {h.encode("latin-1") for h in config.strip_headers}
+    decision), ``accept-encoding`` (replaced), ``config.strip_headers`` and, under priority
+    scheduling, ``X-Vllm-Priority`` whatever ``strip_headers`` says (the checks moved its value
+    into the body, bounded by the key's priority; forwarded, it would override that)."""
+    dropped = _NOT_FORWARDED_RAW | {h.encode("latin-1") for h in config.strip_headers}
+    if config.priority_scheduling:
+        dropped |= {PRIORITY_HEADER.encode("latin-1")}
+    return dropped
 
 
 class Upstream:

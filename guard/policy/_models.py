@@ -32,10 +32,11 @@ from pydantic.fields import FieldInfo
 
 from guard._limits import LIMITS_CONFIG, LimitsModel, NonNegInt, PosFloat, PosInt
 from guard.admission import ConcurrencyLimits, RateLimits, TrustedProxies
-from guard.checks import CHECK_NAMES, CheckSections
+from guard.checks import CHECK_NAMES, CheckSections, Priority
 from guard.http import ConnectionLimits, FramingLimits, UpstreamConfig, UpstreamKind
 from guard.json import JsonLimits
 from guard.presets import PresetName, apply_preset, preset_summary
+from guard.request import CallerKey
 
 # Routes every guard proxies; `routes` adds to them.
 BASE_ROUTES: tuple[str, ...] = (
@@ -141,6 +142,16 @@ class RatePolicy(RateLimits):
         "output reserved for every sequence), so each waiting tenant gets work in proportion "
         "to its weight. Anonymous callers are told apart by address (an IPv6 /64), each with "
         "this weight.",
+    )
+    priority: Priority = Field(
+        default=0,
+        description="The priority this key's requests are scheduled with upstream when the "
+        "upstream schedules by priority (`upstream.priority_scheduling`), and the best one "
+        "its clients may ask for: lower is served earlier and preempts higher ones. Injected "
+        "as the body's `priority` when the request names none (0, vLLM's default, is not "
+        "injected); a client may ask for a higher (later) value, never a lower one (400 "
+        "`priority_not_allowed`). Anonymous callers get this value. It does not order the "
+        "guard's own queue: `weight` shares the upstream between waiting tenants.",
     )
     client_address_header: str = Field(
         default="x-forwarded-for",
@@ -255,6 +266,12 @@ class RateOverrides(Section):
         description="Overrides `rate.weight`: this key's share of the upstream when tenants "
         "wait (2: twice the work of a key with weight 1).",
     )
+    priority: Priority | None = Field(
+        default=None,
+        description="Overrides `rate.priority`: the best priority this key's requests are "
+        "scheduled with (e.g. `-10` for an interactive service ahead of batch keys at 0, "
+        "`10` for a batch key behind them).",
+    )
     guided_compile_s_per_minute: PosFloat | None = Field(
         default=None,
         description="Overrides `rate.guided_compile_s_per_minute` (`null`: unlimited).",
@@ -266,9 +283,15 @@ class RateOverrides(Section):
     def apply(self, base: RatePolicy) -> RatePolicy:
         """``base`` with the fields this override sets."""
         update = {k: getattr(self, k) for k in self.model_fields_set}
-        # burst, per_key_concurrency, guided_compile_burst_s and weight cannot be unlimited:
-        # null there means "inherit".
-        for name in ("burst", "per_key_concurrency", "guided_compile_burst_s", "weight"):
+        # burst, per_key_concurrency, guided_compile_burst_s, weight and priority cannot be
+        # unlimited: null there means "inherit".
+        for name in (
+            "burst",
+            "per_key_concurrency",
+            "guided_compile_burst_s",
+            "weight",
+            "priority",
+        ):
             if update.get(name, 0) is None:
                 del update[name]
         return dataclasses.replace(base, **update) if update else base
@@ -520,6 +543,17 @@ class Policy(Section):
         return value
 
     @model_validator(mode="after")
+    def _priorities_checked(self) -> Policy:
+        # The schema check bounds each request's priority by its key's: without it, under
+        # priority scheduling, any client could preempt every other tenant.
+        if self.upstream.priority_scheduling and "schema" not in self.checks:
+            raise ValueError(
+                "upstream.priority_scheduling needs the schema check in `checks` (it bounds "
+                "each request's priority by its key's)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _unique_keys(self) -> Policy:
         seen: dict[str, int] = {}
         for i, entry in enumerate(self.keys):
@@ -584,6 +618,15 @@ class Policy(Section):
             return self.rate.anonymous_rate
         rate = self.rates_by_digest.get(entry.digest)
         return rate if rate is not None else entry.rate.apply(self.rate)
+
+    def priority_for(self, key: CallerKey | None) -> int | None:
+        """The best priority the upstream may schedule this caller's requests with: its key's
+        ``rate.priority`` (the anonymous tenant's: ``rate.priority``); ``None`` when the
+        upstream does not schedule by priority (``upstream.priority_scheduling`` off)."""
+        if not self.upstream.priority_scheduling:
+            return None
+        rate = None if key is None else self.rates_by_digest.get(key.digest)
+        return (rate or self.rate).priority
 
     def slot_limits_for(self, entry: KeyEntry | None, rate: RatePolicy) -> ConcurrencyLimits:
         """The concurrency limits of one key under its ``rate`` (:meth:`rate_for`); the

@@ -61,8 +61,16 @@ _ENDPOINTS: dict[str, Endpoint] = {
 }
 
 # Headers a view keeps (lower case); everything else stays with the HTTP layer.
+# `x-vllm-priority` (guard.http.PRIORITY_HEADER): the schema check decides the priority it asks.
 KEPT_HEADERS = frozenset(
-    {"content-type", "content-encoding", "content-length", "x-request-id", "user-agent"}
+    {
+        "content-type",
+        "content-encoding",
+        "content-length",
+        "x-request-id",
+        "user-agent",
+        "x-vllm-priority",
+    }
 )
 # Longest header value kept (a request id or user agent beyond this is cut, not trusted).
 _MAX_KEPT_VALUE = 256
@@ -78,6 +86,11 @@ class CallerKey(Protocol):
 
     @property
     def key_id(self) -> str: ...
+
+    @property
+    def digest(self) -> str:
+        """The key's SHA-256 hex digest, by which the policy finds its settings."""
+        ...
 
 
 def endpoint_of(path: str) -> Endpoint:
