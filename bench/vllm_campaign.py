@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -33,13 +34,13 @@ sys.path.insert(0, str(ROOT))
 
 from fuzz.findings_doc import DEFAULT_RECORDS, load_records  # noqa: E402
 from fuzz.issue import guard_verdict  # noqa: E402
-from fuzz.live import LiveRequest  # noqa: E402
+from fuzz.live import LiveRequest, shape_signature  # noqa: E402
 from loadtests.upstream_corpus import SCRIPT, ScriptUpstream  # noqa: E402
 from schedguard.servers import free_port  # noqa: E402
 
 # vLLM takes 40-90 s to start here (more with the other core busy): the restart command and the
 # campaign's wait for a dead server must outlast that, or one crash ends the campaign.
-DEAD_WAIT_S = 360.0
+DEAD_WAIT_S = 600.0
 QUICK_S = 25.0
 # Beyond --duration: minimising the last finding, restarts, the report (the fuzz CLI's own
 # clock bounds the campaign; this only keeps a wedged child from hanging the bench).
@@ -67,13 +68,16 @@ def vllm_set_up(python: str = sys.executable) -> bool:
     return bool(entry.get("set_up"))
 
 
-def restart_command(port: int, mem_limit_mb: int | None) -> str:
-    """Stop whatever serves ``port`` (a no-op when nothing does), then start vLLM there again."""
+def restart_command(port: int, mem_limit_mb: int | None, ready_timeout_s: float) -> str:
+    """Stop whatever serves ``port`` (a no-op when nothing does), then start vLLM there again,
+    waiting up to ``ready_timeout_s`` for it (the script's own 300 s is too short for vLLM on
+    this machine under load: a start took over 4 minutes beside a llama.cpp build)."""
     py, script = shlex.quote(sys.executable), shlex.quote(str(SCRIPT))
     cap = f" --mem-limit-mb {mem_limit_mb}" if mem_limit_mb is not None else ""
     return (
         f"{py} {script} stop vllm --port {port} --timeout 10; "
-        f"{py} {script} start vllm --port {port} --host 127.0.0.1 --background{cap}"
+        f"{py} {script} start vllm --port {port} --host 127.0.0.1 --background "
+        f"--ready-timeout {int(ready_timeout_s)}{cap}"
     )
 
 
@@ -106,13 +110,26 @@ def _culprit_file(signature: str) -> str | None:
     return where.split(":", 1)[0] or None
 
 
-def match_records(signature: str, records: list[dict[str, Any]]) -> tuple[str, list[str]]:
-    """How a group's signature relates to the records: ``known`` (a record names the same
-    signature), ``same-file`` (a record's signature names the same culprit file: maybe the same
-    bug, to check by hand) or ``new``; and the ids."""
+def match_records(
+    signature: str, body: Any, records: list[dict[str, Any]]
+) -> tuple[str, list[str]]:
+    """How a group relates to the records: ``known`` (a record names the same triage
+    signature), ``same-shape`` (a record's body has the same fields beyond a plain chat as the
+    group's representative: the same request class, whatever the server logged),
+    ``same-file`` (a record's signature names the same culprit file: maybe the same bug, to be
+    checked by hand) or ``new``; and the ids."""
     same = [str(r["id"]) for r in records if r.get("signature") == signature]
     if same:
         return "known", same
+    if isinstance(body, dict):
+        shape = shape_signature(body)
+        alike = [
+            str(r["id"])
+            for r in records
+            if isinstance(r.get("body"), dict) and shape_signature(r["body"]) == shape
+        ]
+        if alike:
+            return "same-shape", alike
     culprit = _culprit_file(signature)
     near = [
         str(r["id"])
@@ -120,6 +137,11 @@ def match_records(signature: str, records: list[dict[str, Any]]) -> tuple[str, l
         if culprit and r.get("signature") and _culprit_file(str(r["signature"])) == culprit
     ]
     return ("same-file", near) if near else ("new", [])
+
+
+def _body(rep: dict[str, Any]) -> Any:
+    text = rep.get("input")
+    return None if text is None else LiveRequest.from_input(text.encode("utf-8")).body
 
 
 def _guard(rep: dict[str, Any], kind: str | None) -> dict[str, Any] | None:
@@ -133,7 +155,7 @@ def _guard(rep: dict[str, Any], kind: str | None) -> dict[str, Any] | None:
 
 
 def summarise(
-    record: dict[str, Any], records: list[dict[str, Any]], wall_s: float
+    record: dict[str, Any], records: list[dict[str, Any]], wall_s: float | None
 ) -> dict[str, Any]:
     """The bench's figures from the campaign's ``report.json``."""
     stats = (record.get("engines") or [{}])[0].get("stats") or {}
@@ -145,7 +167,7 @@ def summarise(
     groups = []
     for g in record.get("groups") or []:
         rep = g["representative"]
-        relation, ids = match_records(g["signature"], records)
+        relation, ids = match_records(g["signature"], _body(rep), records)
         members = [f for f in findings if f.get("cause") in set(g.get("causes") or [])]
         first = min((float(f.get("found_after_s") or 0.0) for f in members), default=None)
         groups.append({
@@ -169,7 +191,7 @@ def summarise(
         "seed": record.get("seed"),
         "jobs": record.get("jobs"),
         "duration_s": duration,
-        "wall_s": round(wall_s, 1),
+        "wall_s": None if wall_s is None else round(wall_s, 1),
         "execs": record.get("execs"),
         "execs_per_s": record.get("execs_per_s"),
         "fuzzing_requests_per_s": stats.get("fuzzing_requests_per_s"),
@@ -247,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="no answer within this long is a hang (default: 60)")  # fmt: skip
     parser.add_argument("--dead-wait", type=float, default=DEAD_WAIT_S,
-                        help=f"wait for a restarted server this long (default: {DEAD_WAIT_S:g}: "
-                        "vLLM takes 40-90 s to start)")  # fmt: skip
+                        help=f"wait for vLLM to start or restart this long (default: {DEAD_WAIT_S:g}: "
+                        "40-90 s on a quiet machine, minutes on a loaded one)")  # fmt: skip
     parser.add_argument("--max-restarts", type=int, default=30,
                         help="restarts of the server at most (default: 30)")  # fmt: skip
     parser.add_argument("--minimise-s", type=float, default=None,
@@ -267,7 +289,34 @@ def main(argv: list[str] | None = None) -> int:
                         "docs/findings)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--version", action="version", version="schedguard bench 1")
+    parser.add_argument("--summarise", type=Path, default=None, metavar="DIR",
+                        help="run nothing: summarise the campaign already in DIR (its "
+                        "report.json and issues/), e.g. with records updated since")  # fmt: skip
     args = parser.parse_args(argv)
+    records = load_records(args.records)
+    if args.summarise is not None:
+        out, code, wall, cmd = args.summarise, None, None, None
+    else:
+        ran = run(args)
+        if ran is None:
+            return 2
+        out, code, wall, cmd = ran
+    if not (out / "report.json").is_file():
+        log(f"no campaign record in {out} (exit {code})")
+        return 1
+    record = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    summary = summarise(record, records, wall)
+    summary["campaign_exit"] = code
+    summary["out"] = str(out)
+    summary["issues"] = sorted(str(p) for p in (out / "issues").glob("*.md"))
+    summary["command"] = cmd
+    print(json.dumps(summary, indent=2) if args.json else table(summary))
+    return 0 if code in (0, None) else 1
+
+
+def run(args: argparse.Namespace) -> tuple[Path, int, float, str] | None:
+    """Start vLLM (unless --target), run the campaign, write the issue reports, stop vLLM;
+    the campaign's directory, exit status, wall time and command (None: vLLM not set up)."""
     if args.quick:
         args.duration = min(args.duration, QUICK_S)
         args.minimise_s = 5.0 if args.minimise_s is None else args.minimise_s
@@ -278,30 +327,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     if out.exists():
         # A campaign's directory holds its own findings only (known causes are read from it).
-        import shutil
-
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    records = load_records(args.records)
-
     upstream: ScriptUpstream | None = None
     if args.target:
         url, restart = args.target.rstrip("/"), args.restart_cmd
     else:
         if not vllm_set_up():
             log(f"vLLM is not set up: run {SCRIPT} setup vllm")
-            return 2
+            return None
         port = args.port or free_port("127.0.0.1")
-        upstream = ScriptUpstream("vllm", port, mem_limit_mb=args.mem_limit_mb)
+        upstream = ScriptUpstream(
+            "vllm", port, mem_limit_mb=args.mem_limit_mb, ready_timeout_s=args.dead_wait
+        )
         log(f"starting vLLM on 127.0.0.1:{port} (40-90 s)")
         t0 = time.monotonic()
         upstream.start()
         log(f"vLLM ready after {time.monotonic() - t0:.0f} s, pid {upstream.pid}")
         url = upstream.base_url
-        restart = args.restart_cmd or restart_command(port, args.mem_limit_mb)
+        # The campaign runs the restart command for at most --dead-wait seconds.
+        restart = args.restart_cmd or restart_command(port, args.mem_limit_mb, args.dead_wait - 30)
     started = time.monotonic()
+    cmd = fuzz_argv(args, url, out, restart)
     try:
-        cmd = fuzz_argv(args, url, out, restart)
         log("campaign: " + shlex.join(cmd))
         try:
             # Its own summary goes to stderr with the progress: stdout is this bench's report.
@@ -310,28 +358,20 @@ def main(argv: list[str] | None = None) -> int:
             code = done.returncode
         except subprocess.TimeoutExpired:
             code = -1
-        if not (out / "report.json").is_file():
-            log(f"the campaign wrote no report (exit {code})")
-            return 1
         wall = time.monotonic() - started
-        report = subprocess.run(
-            [sys.executable, "-m", "schedguard", "fuzz", "report", str(out), "--format", "issue"],
-            cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-        if report.returncode != 0:
-            log(f"fuzz report failed ({report.returncode}): {report.stderr[-2000:]}")
+        if (out / "report.json").is_file():
+            report = subprocess.run(
+                [sys.executable, "-m", "schedguard", "fuzz", "report", str(out), "--format",
+                 "issue"],
+                cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+            )  # fmt: skip
+            if report.returncode != 0:
+                log(f"fuzz report failed ({report.returncode}): {report.stderr[-2000:]}")
     finally:
         if upstream is not None:
             log("stopping vLLM")
             upstream.stop()
-    record = json.loads((out / "report.json").read_text(encoding="utf-8"))
-    summary = summarise(record, records, wall)
-    summary["campaign_exit"] = code
-    summary["out"] = str(out)
-    summary["issues"] = sorted(str(p) for p in (out / "issues").glob("*.md"))
-    summary["command"] = shlex.join(cmd)
-    print(json.dumps(summary, indent=2) if args.json else table(summary))
-    return 0 if code == 0 else 1
+    return out, code, wall, shlex.join(cmd)
 
 
 if __name__ == "__main__":

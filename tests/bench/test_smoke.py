@@ -262,4 +262,4 @@ def test_vllm_campaign_quick_against_a_fake_server(tmp_path: Path) -> None:
     assert len(doc["issues"]) == len(doc["groups"])  # one report per group
     for g in doc["groups"]:
         assert {"signature", "count", "representative_bytes", "guard", "records"} <= g.keys()
-        assert g["records"] in ("known", "same-file", "new")
+        assert g["records"] in ("known", "same-shape", "same-file", "new")
