@@ -153,11 +153,21 @@ class LiveRecorder:
             self._again(cause_with_evidence(measured))
             return None
         fresh_only = False
-        if not self._confirmed(req, measured):
-            if not self._confirmed_fresh(req, measured):
+        confirmed = self._confirmed(req, measured)
+        if confirmed is None:
+            confirmed = self._confirmed_fresh(req, measured)
+            if confirmed is None:
                 self.unconfirmed += 1
                 return None
             fresh_only = True
+        if confirmed is not measured:
+            # The run that confirmed it was sent alone (the other workers paused): its log
+            # excerpt is this request's. The first one's may be another worker's traceback
+            # (a 500 named KeyError@check_tool_usage that was an allowed_token_ids request).
+            measured = confirmed
+            if verdict != "undercount" and self.findings.has(cause_with_evidence(measured)):
+                self._again(cause_with_evidence(measured))
+                return None
         if verdict == "undercount":
             novel = frozenset(shape_paths(req.body) - BASELINE)
             if novel in self.examined:
@@ -232,36 +242,38 @@ class LiveRecorder:
         self.requests[cause] = small
         return finding
 
-    def _confirmed(self, req: LiveRequest, measured: Measured) -> bool:
+    def _confirmed(self, req: LiveRequest, measured: Measured) -> Measured | None:
         """Send a measured crossing (latency, memory) again: other load on the machine is not
         a finding; a 5xx too (one request: a gateway's 502 on a connection to a server that
         was just restarted is not the request's). With concurrent workers
         (``confirm_faults``), a crash or a hang too: every
         request in flight when the server died failed, only the one that kills it again alone
         is the finding (the server is brought back first; when it cannot be, the request is
-        taken as it is)."""
+        taken as it is). The measurement that confirms it (``measured`` itself when it needs
+        no confirmation), or None."""
         out = measured.outcome
         faults = out.verdict in ("crash", "timeout") and self.confirm_faults
         if out.verdict not in MEASURED_VERDICTS and out.verdict != "server_error" and not faults:
-            return True
+            return measured
         if faults and not self.oracle.alive() and not self.recover():
-            return True
+            return measured
         again = self.oracle.run(req)
-        return cause_of(again.outcome) == cause_of(out)
+        return again if cause_of(again.outcome) == cause_of(out) else None
 
-    def _confirmed_fresh(self, req: LiveRequest, measured: Measured) -> bool:
+    def _confirmed_fresh(self, req: LiveRequest, measured: Measured) -> Measured | None:
         """A finding the server as it is did not repeat, tried once on a freshly started
         server (when it can be restarted): True when it reproduces there (it needs a fresh
-        server: the campaign marks it so, and minimises it restarting before every test)."""
+        server: the campaign marks it so, and minimises it restarting before every test); the
+        measurement that reproduced it, or None."""
         out = measured.outcome
         # Not a measured crossing: one that does not repeat is most often the machine's load,
         # and restarting a server that takes a minute to start for each would be costly.
         if out.verdict not in ("server_error", "timeout"):
-            return False
+            return None
         if not self.can_restart() or not self.restart():
-            return False
+            return None
         again = self.oracle.run(req)
-        return cause_of(again.outcome) == cause_of(out)
+        return again if cause_of(again.outcome) == cause_of(out) else None
 
     def _again(self, cause: str) -> None:
         self.duplicates[cause] += 1

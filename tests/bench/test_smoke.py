@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from guard.isolation import kill_tree
-from tests._support import REPO_ROOT
+from tests._support import REPO_ROOT, free_port
 
 ROOT = REPO_ROOT
 BENCH = ROOT / "bench"
@@ -118,6 +118,9 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "tests/loadtests/test_upstream_corpus.py and through the guard in tests/e2e/test_corpus_e2e.py",
     "llamacpp_logprobs.py": "starts the llama-cpp-python upstream (scripts/upstreams): "
     "tests/e2e/test_output_caps_e2e.py runs it with --positions 40",
+    "vllm_campaign.py": "issue 24's 30-minute campaign against a real vLLM (scripts/upstreams) is "
+    "run by hand; test_vllm_campaign_quick_against_a_fake_server below runs its --quick mode "
+    "against tests/_fake_openai.py",
     "template_accounting.py": "issue 22's table: a real vLLM per chat template (scripts/upstreams, "
     "~1 minute each); tests/e2e/test_accounting_templates.py asserts the same comparisons",
 }
@@ -227,3 +230,36 @@ def test_guided_check_times_a_revision_beside_this_tree() -> None:
     for row in doc["rows"]:
         assert row["verdict"] == row["verdict_against"] == "ok"
         assert row["us"] > 0 and row["us_against"] > 0 and row["ratio"] is not None
+
+
+def test_vllm_campaign_quick_against_a_fake_server(tmp_path: Path) -> None:
+    """bench/vllm_campaign.py's whole path (campaign, triage, issue reports, the groups matched
+    with docs/findings) with ``--quick --target``: the scripted fake instead of vLLM, which
+    only ``scripts/upstreams/upstreams.py setup vllm`` provides and takes a minute to start."""
+    port = free_port()
+    server_log = tmp_path / "fake.log"
+    with server_log.open("wb") as err:
+        fake = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "_fake_openai.py"), str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        argv = [sys.executable, str(BENCH / "vllm_campaign.py"), "--quick", "--target",
+                f"http://127.0.0.1:{port}", "--server-log", str(server_log), "--name", "fake",
+                "--out", str(tmp_path / "out"), "--json"]  # fmt: skip
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    finally:
+        kill_tree(fake.pid)
+        fake.wait()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    keys = {"execs", "time_to_first_finding_s", "findings", "findings_per_hour", "groups",
+            "issues", "command", "duration_s"}  # fmt: skip
+    assert keys <= doc.keys(), f"missing keys {sorted(keys - doc.keys())}"
+    assert doc["execs"] > 0 and "--restart-cmd" not in doc["command"]
+    assert len(doc["issues"]) == len(doc["groups"])  # one report per group
+    for g in doc["groups"]:
+        assert {"signature", "count", "representative_bytes", "guard", "records"} <= g.keys()
+        assert g["records"] in ("known", "same-shape", "same-file", "new")

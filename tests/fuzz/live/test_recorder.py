@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fuzz.live import run_live_campaign
+from fuzz.findings import FindingSet
+from fuzz.live import LiveRecorder, LiveRequest, Measured, run_live_campaign
+from fuzz.oracle import Outcome
+from fuzz.targets import Cost
 from tests.fuzz.live._fake import HELLO, Fake, live_options, make_corpus
 
 
@@ -53,3 +56,44 @@ def test_black_box_5xx_minimised_and_ignored_5xx(fake: Fake, tmp_path: Path) -> 
     assert report.exit_status == 0 and report.kind == "vulnerable"
     stats = report.results[0].extra["stats"]
     assert stats["health_checks"] >= len(report.findings)
+
+
+class _AloneOracle:
+    """Sends again what the recorder confirms: the same 500, the log naming its own cause."""
+
+    def __init__(self, again: Measured) -> None:
+        self.again = again
+        self.sent = 0
+
+    def run(self, req: LiveRequest) -> Measured:
+        self.sent += 1
+        return self.again
+
+    def alive(self) -> bool:
+        return True
+
+
+def _five_hundred(signature: str) -> Measured:
+    out = Outcome("server_error", Cost(), where="500:Internal server error")
+    return Measured(out, extra={"evidence": {"signature": signature}})
+
+
+def test_a_5xx_is_named_by_the_log_of_the_request_sent_alone() -> None:
+    """With several workers the first 500's log excerpt may hold another request's traceback
+    (the vLLM campaign named an allowed_token_ids 500 ``KeyError@...check_tool_usage``, a
+    concurrent request's); the confirming run is sent alone, so its log names the cause."""
+    oracle = _AloneOracle(_five_hundred("500@vllm/v1/structured_output/backend_xgrammar.py"))
+    rec = LiveRecorder(
+        oracle,  # type: ignore[arg-type]  # only run() and alive() are used
+        FindingSet(),
+        target="t",
+        engine="live",
+        recover=lambda: True,
+        minimise=False,
+    )
+    req = LiveRequest("/v1/chat/completions", {"model": "m", "allowed_token_ids": [1]})
+    measured = _five_hundred("KeyError@vllm/entrypoints/openai/protocol.py:check_tool_usage")
+    found = rec.record(req, measured, 1.0)
+    assert found is not None and oracle.sent == 1
+    assert found.evidence["signature"] == "500@vllm/v1/structured_output/backend_xgrammar.py"
+    assert found.cause.endswith("@500@vllm/v1/structured_output/backend_xgrammar.py")
