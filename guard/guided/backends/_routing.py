@@ -4,7 +4,8 @@ vLLM's ``auto`` (``SamplingParams._validate_structured_outputs``, ``vllm/samplin
 decides from the request alone, for a non-Mistral tokenizer:
 
 - xgrammar, when its validation accepts the constraint (``validate_xgrammar_grammar``: vLLM's
-  ``has_xgrammar_unsupported_json_features`` and xgrammar's own converters);
+  ``has_xgrammar_unsupported_json_features`` and xgrammar's own converters, which also refuse a
+  schema for its form: :mod:`guard.guided.schema._malformed`);
 - otherwise llguidance ("guidance"), except a JSON schema that has ``patternProperties``
   anywhere (``has_guidance_unsupported_json_features``): that one goes to **outlines**;
 - what guidance refuses too is a 400 (there is no outlines fallback for it).
@@ -39,7 +40,7 @@ from guard.errors import LimitExceeded
 from guard.guided._limits import GuidedLimits
 from guard.guided.backends._cost import Estimate, guidance_cost, outlines_cost, xgrammar_cost
 from guard.guided.regex import guidance_rejects_regex, xgrammar_rejects_regex
-from guard.guided.schema import Memo, facts_of
+from guard.guided.schema import Memo, facts_of, xgrammar_refuses_form
 
 __all__ = [
     "BACKEND_COST_CODE",
@@ -71,7 +72,10 @@ def route_auto(kind: str, spec: Any, facts: Memo | None = None) -> str:
         if not isinstance(spec, Mapping):
             return "xgrammar" if spec is True else "reject"
         f = facts_of(spec, facts)
-        if not f.xgr_unsupported:
+        # A schema xgrammar refuses for its form goes the same way; judged only where it
+        # decides for outlines (a schema without patternProperties xgrammar refuses goes to
+        # guidance, which the guard bounds whatever the route).
+        if not f.xgr_unsupported and not (f.pattern_properties and xgrammar_refuses_form(spec)):
             return "xgrammar"
         if f.pattern_properties:
             return "outlines"
