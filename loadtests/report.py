@@ -603,7 +603,13 @@ def _run_line(run: Run) -> str:
         parts.append(f"{target['upstream_profile']} reference scheduler upstream")
     if target.get("shape"):
         parts.append(f"{target['shape']} shape")
-    if target.get("users"):
+    fair = (n.get("fair_share") or {}).get("config") or {}
+    if fair:
+        parts.append(
+            f"fair share phase: {fair.get('chat_users')} chat users, "
+            f"{fair.get('streams')} flood streams from {fair.get('solo_s')} s"
+        )
+    elif target.get("users"):
         share = float(target.get("attack_share") or 0.0)
         users = int(target["users"])
         attackers = round(users * share)
