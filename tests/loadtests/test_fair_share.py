@@ -266,3 +266,26 @@ def test_a_solo_segment_as_long_as_the_run_is_refused(capsys: pytest.CaptureFixt
     )
     assert _load_cli.run(args) == 2
     assert "--solo must end before --duration" in capsys.readouterr().err
+
+
+def test_the_load_tests_policy_puts_the_flood_in_a_tenant_of_its_own() -> None:
+    """The phase measures the guard's fair queue between two tenants: the chat key and the
+    flood key must be distinct tenants, neither rate-limited (a budget would decide instead)."""
+    import hashlib
+
+    import loadtests
+    from guard.policy import load_policy
+    from loadtests.target import BENIGN_KEY, FLOOD_KEY
+
+    policy = load_policy(str(Path(loadtests.__file__).with_name("policy.yaml")))
+    by_digest = {entry.digest: entry for entry in policy.keys}
+    chat, flood = (
+        by_digest[hashlib.sha256(k.encode()).hexdigest()] for k in (BENIGN_KEY, FLOOD_KEY)
+    )
+    assert (chat.tenant, flood.tenant) == ("benign", "flood")
+    for entry in (chat, flood):
+        rate = policy.rate_for(entry)  # what is in force: overrides over the defaults
+        assert rate.requests_per_minute is None and rate.tokens_per_minute is None
+        assert rate.per_key_concurrency >= 64  # room for the flood's streams and the chats
+    attacker = policy.rate_for(by_digest[hashlib.sha256(b"sk-load-attacker").hexdigest()])
+    assert attacker.tokens_per_minute is not None  # limited: so the check above can fail
