@@ -207,7 +207,8 @@ def _add_fair_share(p: argparse.ArgumentParser) -> None:
         "--tenant-key",
         default=BENIGN_KEY,
         help="with --scenario fair-share: the ordinary (chat) tenant's API key; with --host "
-        "the target guard's policy must hold it (loadtests/policy.yaml does)",
+        "the target guard's policy must hold it (loadtests/policy.yaml does), and --host's "
+        "/v1/models is asked with it",
     )
     p.add_argument(
         "--flood-key",
