@@ -2,8 +2,9 @@
 read, while another sends ordinary chats; on 127.0.0.1 only.
 
 ``python bench/fair_share.py [--upstream URL | (default) the embedded reference] [--json PATH]``
-starts ``schedguard serve`` (a capped child process) with a policy of two API keys, ``chat``
-and ``flood`` (rates unlimited, so that what is measured is the queue, not a budget), then:
+starts ``schedguard serve`` (a capped child process) with the load tests' policy
+(loadtests/policy.yaml: the chat tenant's key ``sk-load-benign`` and the flood's
+``sk-load-flood``, rates unlimited, so that what is measured is the queue, not a budget), then:
 
 1. **solo**: the chat tenant alone, one request at a time (a short chat, ``--chat-tokens``
    output tokens), for ``--solo`` seconds: its baseline latency;
@@ -31,7 +32,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -44,11 +44,13 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from loadtests import fairshare  # noqa: E402
+from loadtests.target import BENIGN_KEY as CHAT_KEY  # noqa: E402
+from loadtests.target import FLOOD_KEY  # noqa: E402
 from schedguard.servers import RunningServer, ServerSpec, free_port, schedguard_argv  # noqa: E402
 
 HOST = "127.0.0.1"
-CHAT_KEY = "sk-fair-chat-0001"
-FLOOD_KEY = "sk-fair-flood-001"
+POLICY = ROOT / "loadtests" / "policy.yaml"  # holds both keys, tenants benign and flood
 VERSION = "1"
 
 
@@ -139,15 +141,6 @@ def stats(values: list[float]) -> dict[str, Any]:
     }
 
 
-def policy_yaml() -> str:
-    unlimited = "{requests_per_minute: null, tokens_per_minute: null, burst: 1000}"
-    return (
-        "keys:\n"
-        f"  - {{key: {CHAT_KEY}, tenant: chat, rate: {unlimited}}}\n"
-        f"  - {{key: {FLOOD_KEY}, tenant: flood, rate: {unlimited}}}\n"
-    )
-
-
 async def _repeat(
     result: Result, tenant: str, phase: str, t0: float, until: float,
     one: Callable[[Sample, float], Awaitable[None]],
@@ -169,16 +162,12 @@ async def _chat_loop(
     client: httpx.AsyncClient, result: Result, phase: str, model: str, args: Any, t0: float,
     until: float,
 ) -> None:  # fmt: skip
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Say hello to the team."}],
-        "max_tokens": args.chat_tokens,
-    }
-    headers = {"authorization": f"Bearer {CHAT_KEY}"}
+    body = fairshare.chat_body(model, args.chat_tokens)
+    headers = {"authorization": f"Bearer {CHAT_KEY}", "content-type": "application/json"}
 
     async def one(sample: Sample, sent: float) -> None:
         resp = await client.post(
-            "/v1/chat/completions", json=body, headers=headers, timeout=args.timeout
+            fairshare.CHAT_PATH, content=body, headers=headers, timeout=args.timeout
         )
         sample.status = resp.status_code
         sample.latency = time.monotonic() - sent
@@ -199,18 +188,12 @@ async def _flood_worker(
     client: httpx.AsyncClient, result: Result, model: str, args: Any, t0: float, until: float,
     unread: bool,
 ) -> None:  # fmt: skip
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Write a very long story about queues."}],
-        "max_tokens": args.flood_tokens,
-        "n": args.flood_n,
-        "stream": True,
-    }
-    headers = {"authorization": f"Bearer {FLOOD_KEY}"}
+    body = fairshare.flood_body(model, args.flood_tokens, args.flood_n)
+    headers = {"authorization": f"Bearer {FLOOD_KEY}", "content-type": "application/json"}
 
     async def one(sample: Sample, sent: float) -> None:
         async with client.stream(
-            "POST", "/v1/chat/completions", json=body, headers=headers, timeout=args.timeout
+            "POST", fairshare.CHAT_PATH, content=body, headers=headers, timeout=args.timeout
         ) as resp:
             sample.status = resp.status_code
             if resp.status_code != 200:
@@ -353,19 +336,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--unread must be between 0 and --streams")
 
     guard: RunningServer | None = None
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            url = args.guard
-            if url is None:
-                policy = Path(tmp) / "policy.yaml"
-                policy.write_text(policy_yaml())
-                guard = start_guard(args.upstream, policy, args.src)
-                guard.wait_ready(120)
-                url = guard.url
-            result = asyncio.run(measure(url, args))
-        finally:
-            if guard is not None:
-                guard.stop()
+    try:
+        url = args.guard
+        if url is None:
+            guard = start_guard(args.upstream, POLICY, args.src)
+            guard.wait_ready(120)
+            url = guard.url
+        result = asyncio.run(measure(url, args))
+    finally:
+        if guard is not None:
+            guard.stop()
     summary = result.summary()
     timeline = result.timeline(args.window)
     print(render(summary, timeline))

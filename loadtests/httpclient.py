@@ -8,7 +8,9 @@ streams need the arrival time of each server-sent event, which a buffered client
 - :class:`KeepAlive`: one persistent connection per user for benign traffic; plain requests and
   SSE streams with time to first token and inter-token gaps;
 - :func:`send_raw`: one request on a fresh connection, framed as a corpus payload says, that
-  stops sending as soon as the server answers early (413 after 4 MiB, 408 on a slow body).
+  stops sending as soon as the server answers early (413 after 4 MiB, 408 on a slow body);
+- :func:`hold_stream`: one streaming request on a fresh connection, read to its end or never
+  read at all and held open (the fair share phase's flood).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,10 +29,12 @@ from urllib.parse import urlsplit
 from payloads.loader import Transport
 
 __all__ = [
+    "HeldStream",
     "KeepAlive",
     "Response",
     "StreamResult",
     "error_code",
+    "hold_stream",
     "send_raw",
 ]
 
@@ -117,6 +121,13 @@ def _is_content(event: Any) -> bool:
         if choice.get("text"):
             return True
     return False
+
+
+def _content_pieces(event: Any) -> int:
+    """How many choices of an SSE chunk carry generated text (about a token each)."""
+    if not isinstance(event, dict):
+        return 0
+    return sum(1 for choice in event.get("choices") or () if _is_content({"choices": [choice]}))
 
 
 def _sse_data(buffer: bytearray) -> Iterator[bytes]:
@@ -346,3 +357,75 @@ def _read_for(resp: http.client.HTTPResponse, seconds: float) -> bytes:
     except (OSError, http.client.HTTPException):
         pass
     return bytes(head)
+
+
+@dataclass(frozen=True)
+class HeldStream:
+    """One stream of :func:`hold_stream`: ``status`` 0 means no answer (``error`` says why)."""
+
+    status: int
+    head_s: float | None = None  # until the status line and headers came
+    elapsed_s: float = 0.0
+    tokens: int = 0  # content pieces read (none for a stream never read)
+    body: bytes = b""  # a refusal's body
+    error: str | None = None
+
+    @property
+    def code(self) -> str | None:
+        return error_code(self.body) if self.status >= 400 else None
+
+
+def hold_stream(
+    base_url: str,
+    path: str,
+    headers: Sequence[tuple[str, str]],
+    body: bytes,
+    *,
+    read: bool,
+    hold_s: float,
+    timeout_s: float,
+    on_head: Callable[[int, float], None] | None = None,
+    on_tokens: Callable[[int], None] | None = None,
+) -> HeldStream:
+    """Send a streaming request on a fresh connection; when the answer begins (2xx), read it to
+    its end (``[DONE]``, at most ``timeout_s`` in all) or, with ``read`` False, read not a byte
+    more and hold the connection ``hold_s`` seconds before hanging up: the answer piles up in
+    the socket buffers and whatever the server does about it is what a slow client costs.
+    ``on_head(status, seconds)`` is called as the answer begins and ``on_tokens(n)`` as content
+    arrives, so that a stream cut short by the end of the run still counts."""
+    start = time.perf_counter()
+    deadline = start + timeout_s
+    conn: http.client.HTTPConnection | None = None
+    status, head_s, tokens = 0, None, 0
+    try:
+        conn = _connect(base_url, timeout_s)
+        conn.request("POST", path, body=body, headers=dict(headers))
+        resp = conn.getresponse()
+        status, head_s = resp.status, time.perf_counter() - start
+        if on_head is not None:
+            on_head(status, head_s)
+        if not 200 <= status < 300:
+            return HeldStream(status, head_s, head_s, 0, resp.read(_ATTACK_MAX_BODY))
+        if not read:
+            time.sleep(max(0.0, min(hold_s, deadline - time.perf_counter())))
+            return HeldStream(status, head_s, time.perf_counter() - start)
+        buffer = bytearray()
+        while time.perf_counter() < deadline:
+            chunk = resp.read1(_PIECE)
+            if not chunk:
+                break
+            buffer += chunk
+            for data in _sse_data(buffer):
+                if data == b"[DONE]":
+                    return HeldStream(status, head_s, time.perf_counter() - start, tokens)
+                pieces = _content_pieces(json.loads(data))
+                tokens += pieces
+                if pieces and on_tokens is not None:
+                    on_tokens(pieces)
+        error = "timeout" if time.perf_counter() >= deadline else "stream ended without [DONE]"
+        return HeldStream(status, head_s, time.perf_counter() - start, tokens, b"", error)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return HeldStream(status, head_s, time.perf_counter() - start, tokens, b"", _describe(exc))
+    finally:
+        if conn is not None:
+            conn.close()

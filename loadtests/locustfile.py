@@ -29,6 +29,13 @@ other benign requests), and one ``GuidedFloodUser`` (the attack key) sending a s
 sent before ``--guided-flood-rps`` times a second from ``--guided-flood-after-s`` on
 (``GUIDED_FLOOD`` rows: a failure is a 5xx or no answer, a refusal is expected). The gate then
 prints the per-tenant table and writes ``--guided-json``.
+
+``--scenario fair-share`` runs issue 25's fair share phase (:mod:`loadtests.fairshare`, the
+``fair`` shape): ``-u`` minus ``--fair-streams`` ``FairChatUser`` (the benign key) sending short
+chats (``BENIGN`` rows ``fair chat solo`` and ``fair chat flood``), alone for
+``--fair-solo-s``, then ``--fair-streams`` ``FairFloodUser`` (``--flood-key``) keeping long
+streams open, ``--fair-unread`` of them never read (``FAIR_FLOOD`` rows). The gate adds the
+ordinary tenant's p99 ratio and unanswered requests to its checks.
 """
 
 from __future__ import annotations
@@ -48,14 +55,14 @@ from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadtests import dashboard, guided, outcomes, progress, slo
+from loadtests import dashboard, fairshare, guided, outcomes, progress, slo
 from loadtests import timeline as tl
-from loadtests.httpclient import KeepAlive, Response, send_raw
+from loadtests.httpclient import KeepAlive, Response, hold_stream, send_raw
 from loadtests.monitor import Monitor
 from loadtests.prompts import BenignMix, make_request
 from loadtests.replay import Replay, RoundRobin, load_attacks, load_lookalikes
 from loadtests.shapes import ATTACK, BENIGN, SHAPES, ShapeSpec, tick
-from loadtests.target import ATTACK_KEY, BENIGN_KEY, KINDS, REFERENCE_MODEL
+from loadtests.target import ATTACK_KEY, BENIGN_KEY, FLOOD_KEY, KINDS, REFERENCE_MODEL
 from loadtests.tool_calls import forced_call_failure
 
 _ids = itertools.count()
@@ -156,7 +163,8 @@ def _arguments(parser: LocustArgumentParser) -> None:
         choices=SCENARIOS,
         default="mixed",
         help="mixed: benign users and attackers (the default); guided-compile: issue 23's "
-        "phase, one tenant warming benign schemas, another flooding unique ones (-u is ignored)",
+        "phase, one tenant warming benign schemas, another flooding unique ones (-u is ignored); "
+        "fair-share: issue 25's phase, chats alone then beside a flood of long streams",
     )
     c.add_argument(
         "--guided-schemas",
@@ -181,6 +189,45 @@ def _arguments(parser: LocustArgumentParser) -> None:
     )
     c.add_argument(
         "--guided-json", default="", help="write the per-tenant figures of the phase here"
+    )
+
+    f = parser.add_argument_group("schedguard fair share phase (--scenario fair-share)")
+    f.add_argument(
+        "--fair-solo-s",
+        type=float,
+        default=0.0,
+        help="seconds the chat tenant runs alone before the flood joins (0: a third of -t)",
+    )
+    f.add_argument("--fair-streams", type=int, default=8, help="flood streams open at once (of -u)")
+    f.add_argument("--fair-unread", type=int, default=4, help="of them, never read")
+    f.add_argument(
+        "--fair-hold-s",
+        type=float,
+        default=30.0,
+        help="seconds an unread stream holds its connection before hanging up",
+    )
+    f.add_argument(
+        "--fair-flood-tokens",
+        type=int,
+        default=0,
+        help="max_tokens of a flood stream (0: by --upstream-kind, loadtests/fairshare.py)",
+    )
+    f.add_argument(
+        "--fair-flood-n", type=int, default=0, help="n of a flood stream (0: by --upstream-kind)"
+    )
+    f.add_argument("--fair-chat-tokens", type=int, default=16, help="max_tokens of a chat")
+    f.add_argument(
+        "--fair-chat-timeout-s",
+        type=float,
+        default=20.0,
+        help="seconds a chat may take before it counts as unanswered",
+    )
+    f.add_argument("--flood-key", default=FLOOD_KEY, help="API key of the flood tenant")
+    f.add_argument(
+        "--slo-fair-max-p99-ratio",
+        type=float,
+        default=fairshare.FairThresholds().max_p99_ratio,
+        help="the chat tenant's p99 under flood at most this times its solo p99",
     )
 
     m = parser.add_argument_group("schedguard monitor")
@@ -245,8 +292,36 @@ def _thresholds(opts: Any) -> slo.Thresholds:
     )
 
 
+def _fair_spec(opts: Any) -> ShapeSpec:
+    """The ``fair`` shape: ``-u`` users of which ``--fair-streams`` are the flood's."""
+    streams = max(1, int(opts.fair_streams))
+    users = max(streams + 1, int(getattr(opts, "num_users", None) or 0))
+    run_time = float(opts.run_time) if getattr(opts, "run_time", None) else None
+    solo = float(opts.fair_solo_s) or None
+    return ShapeSpec("fair", users, streams, run_time, float(users), solo)
+
+
+def _fair_config(opts: Any) -> dict[str, Any]:
+    """What the phase sent (``numbers.fair_share.config``)."""
+    spec = _fair_spec(opts)
+    tokens, n = fairshare.flood_shape(opts.upstream_kind)
+    return {
+        "chat_users": spec.benign_users,
+        "chat_rps_per_user": float(opts.user_rps),
+        "chat_tokens": int(opts.fair_chat_tokens),
+        "solo_s": round(spec.flood_from_s, 1),
+        "streams": spec.attack_users,
+        "unread": min(int(opts.fair_unread), spec.attack_users),
+        "hold_s": float(opts.fair_hold_s),
+        "flood_tokens": int(opts.fair_flood_tokens) or tokens,
+        "flood_n": int(opts.fair_flood_n) or n,
+    }
+
+
 def _shape_spec(environment: Environment) -> ShapeSpec:
     opts = _options(environment)
+    if opts.scenario == "fair-share":
+        return _fair_spec(opts)
     users = max(1, int(getattr(opts, "num_users", None) or 1))
     share = min(max(float(opts.attack_share), 0.0), 1.0)
     attackers = min(users, round(users * share))
@@ -485,7 +560,7 @@ class AttackUser(User):
 
 # ------------------------------------------------------------------------------ guided compile
 
-SCENARIOS = ("mixed", "guided-compile")
+SCENARIOS = ("mixed", "guided-compile", "fair-share")
 _guided_t0: list[float] = []  # when this process's first guided user started
 _guided_schemas: list[guided.BenignSchema] | None = None
 
@@ -616,7 +691,125 @@ def _guided_summary(environment: Environment) -> dict[str, Any]:
     )
 
 
+# ------------------------------------------------------------------------------ fair share
+
+_fair_t0: list[float] = []  # when this process's first fair share user started
+_flood_ids = itertools.count()
+
+
+def _fair_flood_at(opts: Any) -> float:
+    """When the flood joins, on this process's clock (the shape adds the flood's users then)."""
+    if not _fair_t0:
+        _fair_t0.append(time.time())
+    return _fair_t0[0] + _fair_spec(opts).flood_from_s
+
+
+def _fair_record(tenant: str, segment: str, label: str, ms: float | None, tokens: int) -> None:
+    """One answer (``label``; '' when only ``tokens`` arrived) in the timeline's records."""
+    now = time.time()
+    if label:
+        _timeline.count(now, fairshare.series_name("", tenant, segment), label)
+    if ms is not None:
+        _timeline.latency(now, fairshare.series_name("lat", tenant, segment), ms)
+    if tokens:
+        _timeline.count(now, fairshare.series_name("tokens", tenant, segment), "tokens", tokens)
+
+
+class FairChatUser(User):
+    """The ordinary tenant: short chats, one at a time, ``--user-rps`` each."""
+
+    weight = 1
+
+    def on_start(self) -> None:
+        opts = _options(self.environment)
+        self.flood_at = _fair_flood_at(opts)
+        self.conn = KeepAlive(self.host or "", opts.fair_chat_timeout_s)
+        self.pace = constant_throughput(opts.user_rps)
+        self.body = fairshare.chat_body(opts.model, int(opts.fair_chat_tokens))
+        self.headers = [
+            ("content-type", "application/json"),
+            ("authorization", f"Bearer {opts.benign_key}"),
+        ]
+
+    def wait_time(self) -> float:
+        return self.pace(self)
+
+    def on_stop(self) -> None:
+        self.conn.close()
+
+    @task
+    def chat(self) -> None:
+        segment = fairshare.segment_of(time.time() >= self.flood_at)
+        resp = self.conn.request("POST", fairshare.CHAT_PATH, self.body, self.headers)
+        failure = _benign_failure(resp)
+        label = fairshare.status_label(resp.status, resp.code, resp.error)
+        ok = failure is None
+        tokens = fairshare.completion_tokens(resp.body) if ok else 0
+        _fair_record(fairshare.CHAT, segment, label, resp.elapsed_s * 1000 if ok else None, tokens)
+        _fire(self, "BENIGN", f"fair chat {segment}", resp.elapsed_s, len(resp.body), failure)
+
+
+class FairFloodUser(User):
+    """The flood tenant: one long stream after another; the first ``--fair-unread`` of this
+    process's flood users never read theirs and hold the connection ``--fair-hold-s``."""
+
+    weight = 1
+
+    def on_start(self) -> None:
+        opts = _options(self.environment)
+        self.opts = opts
+        self.unread = next(_flood_ids) < int(opts.fair_unread)
+        config = _fair_config(opts)
+        self.body = fairshare.flood_body(opts.model, config["flood_tokens"], config["flood_n"])
+        self.headers = [
+            ("content-type", "application/json"),
+            ("authorization", f"Bearer {opts.flood_key}"),
+        ]
+        self.pause = 0.0
+
+    def wait_time(self) -> float:
+        return self.pause
+
+    @task
+    def flood(self) -> None:
+        opts = self.opts
+        tenant, segment = fairshare.FLOOD, fairshare.FLOOD_SEGMENT
+
+        def head(status: int, seconds: float) -> None:
+            # Served: recorded as the answer begins (a stream the run's end cuts short still
+            # counts); a refusal is recorded below, with its code.
+            if 200 <= status < 300:
+                _fair_record(
+                    tenant, segment, fairshare.status_label(status, None), seconds * 1000, 0
+                )
+
+        def tokens(n: int) -> None:
+            _fair_record(tenant, segment, "", None, n)
+
+        res = hold_stream(
+            self.host or "",
+            fairshare.CHAT_PATH,
+            self.headers,
+            self.body,
+            read=not self.unread,
+            hold_s=float(opts.fair_hold_s),
+            timeout_s=max(float(opts.fair_hold_s), float(opts.request_timeout_s)) + 5.0,
+            on_head=head,
+            on_tokens=tokens,
+        )
+        ok = 200 <= res.status < 300
+        if not ok:
+            label = fairshare.status_label(res.status, res.code, res.error)
+            _fair_record(tenant, segment, label, None, 0)
+        # A refusal comes back at once: do not spin on it.
+        self.pause = 0.0 if ok else 0.2
+        failure = None if ok or res.status else (res.error or "no response")
+        name = "unread stream" if self.unread else "read stream"
+        _fire(self, "FAIR_FLOOD", name, res.elapsed_s, 0, failure)
+
+
 _CLASSES: dict[str, type[User]] = {BENIGN: BenignUser, ATTACK: AttackUser}
+_FAIR_CLASSES: dict[str, type[User]] = {BENIGN: FairChatUser, ATTACK: FairFloodUser}
 
 
 class ScenarioShape(LoadTestShape):
@@ -638,7 +831,8 @@ class ScenarioShape(LoadTestShape):
         now = tick(spec, elapsed)
         if now is None:
             return None
-        classes = [_CLASSES[c] for c in now.classes] if now.classes else None
+        by_name = _FAIR_CLASSES if opts.scenario == "fair-share" else _CLASSES
+        classes = [by_name[c] for c in now.classes] if now.classes else None
         return now.users, now.spawn_rate, classes
 
 
@@ -653,8 +847,8 @@ def _on_init(environment: Environment, **_: Any) -> None:
     if getattr(opts, "num_users", None):
         spec = _shape_spec(environment)
         # Exact counts when all users run (steady): the dispatcher splits users by weight.
-        BenignUser.weight = max(1, spec.benign_users)
-        AttackUser.weight = max(1, spec.attack_users)
+        BenignUser.weight = FairChatUser.weight = max(1, spec.benign_users)
+        AttackUser.weight = FairFloodUser.weight = max(1, spec.attack_users)
     global _monitor
     _monitor = Monitor(
         sample_interval_s=max(0.1, float(opts.sample_interval_s)),
@@ -677,6 +871,8 @@ _USER_CLASSES = {
     "AttackUser": ATTACK,
     "GuidedAppUser": BENIGN,
     "GuidedFloodUser": ATTACK,
+    "FairChatUser": BENIGN,
+    "FairFloodUser": ATTACK,
 }
 
 
@@ -738,7 +934,7 @@ def _progress_forever(environment: Environment) -> None:
             continue
         try:
             # The gate's own evaluation of the records so far: the same numbers, not a copy.
-            report = slo.evaluate(collect(environment, _monitor), _thresholds(opts))
+            report = evaluate(environment, collect(environment, _monitor))
             _progress(environment, report, final=False)
         except Exception as exc:  # progress is a view: never let it stop the run
             print(f"progress: {type(exc).__name__}: {exc}", flush=True)
@@ -817,7 +1013,8 @@ def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
     opts = _options(environment)
     data.target = {
         "host": environment.host,
-        "shape": opts.shape,
+        "shape": "fair" if opts.scenario == "fair-share" else opts.shape,
+        "scenario": opts.scenario,
         "users": getattr(opts, "num_users", None),
         "attack_share": opts.attack_share,
         "upstream_profile": opts.upstream_profile,
@@ -835,6 +1032,16 @@ def collect(environment: Environment, monitor: Monitor | None) -> slo.RunData:
             w.name: list(w.series) for w in (monitor.guard, monitor.upstream) if w.series
         }
     return data
+
+
+def evaluate(environment: Environment, data: slo.RunData) -> slo.Report:
+    """The gate: :func:`slo.evaluate`, and the fair share phase's checks in that scenario."""
+    opts = _options(environment)
+    report = slo.evaluate(data, _thresholds(opts))
+    if opts.scenario != "fair-share":
+        return report
+    th = fairshare.FairThresholds(max_p99_ratio=float(opts.slo_fair_max_p99_ratio))
+    return fairshare.gate(report, fairshare.records(_timeline.buckets), th, _fair_config(opts))
 
 
 def _timeline_data(monitor: Monitor | None) -> dict[str, Any]:
@@ -864,7 +1071,7 @@ def _timeline_data(monitor: Monitor | None) -> dict[str, Any]:
 
 def _live_status(environment: Environment) -> dict[str, Any]:
     monitor = _monitor
-    report = slo.evaluate(collect(environment, monitor), _thresholds(_options(environment)))
+    report = evaluate(environment, collect(environment, monitor))
     out = monitor.snapshot() if monitor is not None else {}
     out["slo"] = report.to_dict()
     return out
@@ -882,8 +1089,10 @@ def _gate(environment: Environment, **_: Any) -> None:
     if monitor is not None:
         data.upstream_alive, data.upstream_status = monitor.upstream_health()
     opts = _options(environment)
-    report = slo.evaluate(data, _thresholds(opts))
+    report = evaluate(environment, data)
     print("\n" + slo.render_table(report), flush=True)
+    if "fair_share" in report.numbers:
+        print("\n" + fairshare.render(report.numbers["fair_share"]), flush=True)
     if opts.scenario == "guided-compile":
         summary = _guided_summary(environment)
         print("\n" + guided.render(summary), flush=True)

@@ -13,6 +13,9 @@ It shows, from a run's output directory (``slo.json`` or ``report.json``, and
 - attacks by THREATS class and by what refused them (:mod:`loadtests.outcomes`: a content
   check, a budget, a rate or concurrency limit, or nothing), what got through, benign
   failures, the servers as they were when the load ended, links to the other files;
+- for the fair share phase (``--scenario fair-share``, :mod:`loadtests.fairshare`): each
+  tenant's latency over time, its requests, latency and tokens in each segment, the ordinary
+  tenant's p99 ratio and each tenant's share of the flood segment;
 - with ``compare`` (e.g. a ``--no-guard`` run's directory): the same side by side, the SLO and
   numbers tables with a column per run and each chart beside its counterpart on the same scales.
 
@@ -41,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtests import outcomes, slo
+from loadtests import fairshare, outcomes, slo
 from loadtests import timeline as tl
 from loadtests.svgchart import Band, Bars, HLine, Line, Marker, Point, bar_chart, line_chart
 
@@ -173,6 +176,7 @@ class Counts:
     answers: dict[str, list[int]] = field(default_factory=dict)  # category -> count per bar
     rejections: dict[str, list[float]] = field(default_factory=dict)  # code -> count per bar
     recorded: bool = False  # the timeline holds attack records (version 2 on)
+    fair: fairshare.FairRecords = field(default_factory=fairshare.FairRecords)
 
     def benign_total(self, key: str = "") -> int:
         """Benign requests (synthetic and look-alikes); ``key`` ``fail``: those that failed."""
@@ -212,6 +216,9 @@ def count(run: Run) -> Counts:
             out.answers.setdefault(got, [0] * n_bars)[i] += int(n)
         for label, n in (bucket.get(tl.BURSTS) or {}).items():
             bursts[label] = bursts.get(label, 0) + int(n)
+        for name, row in bucket.items():
+            if name.startswith(fairshare.PREFIX + " "):
+                out.fair.add(name, row)
     out.attacks = outcomes.summarize(records, bursts)
     out.recorded = int(tl_data.get("version") or 0) >= 2
     out.rejections = _counts_from_counters(tl_data.get("guard_rejections") or [], width, n_bars)
@@ -248,6 +255,8 @@ class RunSeries:
     answers: dict[str, list[float]] = field(default_factory=dict)  # category -> per second
     counts: Counts | None = None  # what the rates above were divided from
     has_timeline: bool = False
+    # the fair share phase: tenant -> p50 / p99 -> points (empty for other runs)
+    fair_latency: dict[str, dict[str, list[Point]]] = field(default_factory=dict)
 
 
 def _quantile(hist: Mapping[int, int], q: float) -> float | None:
@@ -294,6 +303,18 @@ def series(run: Run, counts: Counts | None = None) -> RunSeries:
             p50.append((t, _quantile(hist, 0.5)))
             p99.append((t, _quantile(hist, 0.99)))
         out.latency[kind] = {"p50": p50, "p99": p99}
+    if counts.fair:
+        for tenant in fairshare.TENANTS:
+            lines: dict[str, list[Point]] = {"p50": [], "p99": []}
+            for t in points:
+                seen: dict[int, int] = {}
+                for s in window(t):
+                    hist_s = fairshare.latency_series(buckets.get(s, {}), tenant)
+                    for lat_ms, k in hist_s.items():
+                        seen[lat_ms] = seen.get(lat_ms, 0) + k
+                lines["p50"].append((t, _quantile(seen, 0.5)))
+                lines["p99"].append((t, _quantile(seen, 0.99)))
+            out.fair_latency[tenant] = lines
     for t in points:
         attack = benign = failed = 0
         for s in window(t):
@@ -582,7 +603,13 @@ def _run_line(run: Run) -> str:
         parts.append(f"{target['upstream_profile']} reference scheduler upstream")
     if target.get("shape"):
         parts.append(f"{target['shape']} shape")
-    if target.get("users"):
+    fair = (n.get("fair_share") or {}).get("config") or {}
+    if fair:
+        parts.append(
+            f"fair share phase: {fair.get('chat_users')} chat users, "
+            f"{fair.get('streams')} flood streams from {fair.get('solo_s')} s"
+        )
+    elif target.get("users"):
         share = float(target.get("attack_share") or 0.0)
         users = int(target["users"])
         attackers = round(users * share)
@@ -674,6 +701,121 @@ def _latency_chart(
     return _Chart(chart_id, title, note, svg, _legend(legend))
 
 
+_FAIR_COLOURS = {
+    (fairshare.CHAT, "p50"): _P50,
+    (fairshare.CHAT, "p99"): _P99,
+    (fairshare.FLOOD, "p50"): "#f4a261",
+    (fairshare.FLOOD, "p99"): "#c1440e",
+}
+
+
+def _fair_summary(run: Run, counts: Counts) -> dict[str, Any]:
+    """The phase's figures from the page's counts, with the run's configuration."""
+    recorded = run.numbers.get("fair_share") or {}
+    return fairshare.summarize(counts.fair, recorded.get("config"))
+
+
+def _fair_chart(
+    rs: RunSeries, run: Run, suffix: str, scales: Mapping[str, float], x_max: float
+) -> _Chart:
+    """Each tenant's latency over time: the chats' full answers, the flood's wait for its
+    streams to begin; when the flood joined; the ratio SLO over the solo p99."""
+    recorded = run.numbers.get("fair_share") or {}
+    summary = _fair_summary(run, rs.counts or count(run))
+    lines, legend = [], []
+    names = {fairshare.CHAT: "chat", fairshare.FLOOD: "flood (stream begins)"}
+    for tenant in fairshare.TENANTS:
+        for q in ("p50", "p99"):
+            colour = _FAIR_COLOURS[(tenant, q)]
+            lines.append(
+                Line(f"{names[tenant]} {q}", colour, rs.fair_latency.get(tenant, {}).get(q, []))
+            )
+            legend.append((f"{names[tenant]} {q}", colour, False))
+    hlines, markers = [], []
+    solo = summary["tenants"][fairshare.CHAT][fairshare.SOLO]["p99_ms"]
+    limit = (recorded.get("thresholds") or {}).get("max_p99_ratio")
+    top = scales["fair"]
+    if solo and limit:
+        hlines.append(HLine(f"{float(limit):g}x solo chat p99", _SLO, float(limit) * solo))
+        legend.append((f"{float(limit):g}x the chat's solo p99 ({solo:,.0f} ms)", _SLO, True))
+        top = max(top, float(limit) * solo)
+    flood_at = (summary.get("config") or {}).get("solo_s")
+    if flood_at is not None:
+        markers.append(Marker("flood joins", "#6a3d9a", float(flood_at)))
+    svg = line_chart(
+        f"fair-latency{suffix}",
+        "Latency per tenant (fair share phase)",
+        lines=lines,
+        x_max=x_max,
+        y_unit="ms",
+        y_max=top * 1.1,
+        hlines=hlines,
+        markers=markers,
+        width=_CHART_W,
+        height=_CHART_H,
+        empty_text="no fair share records in this run",
+    )
+    note = (
+        f"p50 and p99 over a trailing {rs.span:g} s window, a point every {rs.step:g} s: the chat "
+        "tenant's full answers and the flood's wait until its stream began; the marker: when "
+        "the flood joined."
+    )
+    return _Chart(
+        f"fair-latency{suffix}", "Latency per tenant (fair share phase)", note, svg, _legend(legend)
+    )
+
+
+def _fair_table(run: Run, counts: Counts, who: str) -> str:
+    """Per tenant and segment: requests, served, not served, p50/p99, tokens; the chat's p99
+    ratio and unanswered; each tenant's share of the flood segment (``data-count``
+    ``fair/TENANT/SEGMENT/what`` and ``fair/share/TENANT/what``)."""
+    if not counts.fair:
+        return ""
+    summary = _fair_summary(run, counts)
+    rows = []
+    for tenant in fairshare.TENANTS:
+        for segment in fairshare.SEGMENTS:
+            r = summary["tenants"][tenant][segment]
+            if not r["requests"] and tenant == fairshare.FLOOD:
+                continue
+            key = f"fair/{tenant}/{segment}"
+            answers = ", ".join(f"{_e(k)}: {_n(f'{key}/{k}', v)}" for k, v in r["answers"].items())
+            rows.append(
+                f"<tr><th>{_e(tenant)}</th><td>{_e(segment)}</td>"
+                f"<td>{_n(key + '/requests', r['requests'])}</td>"
+                f"<td>{_n(key + '/served', r['served'])}</td>"
+                f"<td>{_e(_ms(r['p50_ms']))}</td><td>{_e(_ms(r['p99_ms']))}</td>"
+                f"<td>{_n(key + '/tokens', r['tokens'])}</td><td>{answers or '-'}</td></tr>"
+            )
+    shares = []
+    for tenant in fairshare.TENANTS:
+        sh = summary["flood_segment_shares"][tenant]
+        pct = [("-" if v is None else f"{v:.1%}") for v in (sh["share_served"], sh["share_tokens"])]
+        shares.append(
+            f"<tr><th>{_e(tenant)}</th><td>{_n(f'fair/share/{tenant}/served', sh['served'])}</td>"
+            f"<td>{pct[0]}</td><td>{_n(f'fair/share/{tenant}/tokens', sh['tokens'])}</td>"
+            f"<td>{pct[1]}</td></tr>"
+        )
+    ratio = summary["chat_p99_ratio"]
+    cfg = summary["config"]
+    line = (
+        f"{who}chat p99 under flood / solo: {'-' if ratio is None else f'{ratio:.2f}x'}; chat "
+        f"requests not served: {_n('fair/chat/unanswered', summary['chat_unanswered'])}. Flood: "
+        f"{_e(cfg.get('streams', '?'))} streams ({_e(cfg.get('unread', '?'))} never read, held "
+        f"{_e(cfg.get('hold_s', '?'))} s), max_tokens {_e(cfg.get('flood_tokens', '?'))}, n "
+        f"{_e(cfg.get('flood_n', '?'))}, from {_e(cfg.get('solo_s', '?'))} s."
+    )
+    return (
+        f'<p class="note">{line}</p><table class="numbers fair">'
+        "<tr><th>tenant</th><th>segment</th><th>requests</th><th>served</th><th>p50</th>"
+        "<th>p99</th><th>tokens</th><th>answers (status code)</th></tr>"
+        + "".join(rows)
+        + '</table><h3>Share of the flood segment</h3><table class="numbers fair">'
+        "<tr><th>tenant</th><th>served</th><th>share</th><th>tokens received</th><th>share</th>"
+        "</tr>" + "".join(shares) + "</table>"
+    )
+
+
 def _max_of(points: Sequence[Point]) -> float:
     return max([v for _, v in points if v is not None] or [0.0])
 
@@ -687,7 +829,9 @@ def _charts(
     colours: Mapping[str, str],
 ) -> list[_Chart]:
     th = run.report.get("thresholds") or {}
+    fair = [_fair_chart(rs, run, suffix, scales, x_max)] if scales.get("fair") else []
     return [
+        *fair,
         *_latency_charts(rs, th, suffix, scales, x_max),
         _rss_chart(rs, th, suffix, scales, x_max),
         _rejections_chart(rs, run, suffix, scales, x_max, colours),
@@ -893,6 +1037,17 @@ def _scales(all_series: Sequence[RunSeries]) -> dict[str, float]:
             )
         ),
         "rejections": top(lambda rs: stacked(rs.rejections)),
+        # 0 when no run of the page is a fair share phase (then no such chart)
+        "fair": max(
+            (
+                _max_of(pts)
+                for rs in all_series
+                for lines in rs.fair_latency.values()
+                for pts in lines.values()
+            ),
+            default=0.0,
+        )
+        or (1.0 if any(rs.fair_latency for rs in all_series) else 0.0),
         "answers": top(lambda rs: stacked(rs.answers)),
     }
 
@@ -1197,6 +1352,15 @@ def build_html(run: Run, compare: Run | None = None, *, out_dir: Path | None = N
         + _attack_table(r, c, f" ({r.label})" if compare is not None else "")
         for r, c in zip(runs, all_counts, strict=True)
     )
+    fair_tables = "".join(
+        _fair_table(r, c, f"({r.label}) " if compare is not None else "")
+        for r, c in zip(runs, all_counts, strict=True)
+    )
+    fair_section = (
+        f'<section id="fair-share"><h2>Fair share: tenant by tenant</h2>{fair_tables}</section>'
+        if fair_tables
+        else ""
+    )
     directory = out_dir or run.directory
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     title = f"schedguard load report: {verdict.upper()}"
@@ -1210,6 +1374,7 @@ def build_html(run: Run, compare: Run | None = None, *, out_dir: Path | None = N
         f'<section id="slo"><h2>SLO verdicts</h2>{_slo_table(runs)}</section>'
         f'<section id="charts"><h2>Over time</h2>'
         f'<div id="sampling"><h3>Sampling</h3>{sampling}</div>{chart_html}</section>'
+        f"{fair_section}"
         f'<section id="numbers"><h2>Traffic</h2>{_numbers_table(runs, all_counts)}</section>'
         f'<section id="attacks"><h2>Attack requests by what refused them</h2>'
         f'<p class="note">{_e(_ATTACK_NOTE)}</p>{attack_tables}'

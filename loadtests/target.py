@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args
 __all__ = [
     "ATTACK_KEY",
     "BENIGN_KEY",
+    "FLOOD_KEY",
     "KINDS",
     "REFERENCE_MODEL",
     "LoadTargetKind",
@@ -38,6 +39,7 @@ REFERENCE_MODEL = "schedguard-ref"
 # it, since a guard with keys refuses anonymous callers.
 BENIGN_KEY = "sk-load-benign"
 ATTACK_KEY = "sk-load-attacker"  # its tenant ``attacker``
+FLOOD_KEY = "sk-load-flood"  # its tenant ``flood``: the fair share phase's flood
 _OWNERS: dict[str, LoadTargetKind] = {"schedguard": "reference", "vllm": "vllm", "me": "llama_cpp"}
 
 

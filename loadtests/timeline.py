@@ -90,6 +90,15 @@ class Timeline:
         counts = self._series(when, ATTACKS)
         counts[record] = counts.get(record, 0) + n
 
+    def count(self, when: float, series: str, label: str, n: int = 1) -> None:
+        """``n`` more of ``label`` in ``series`` (e.g. :mod:`loadtests.fairshare`'s records)."""
+        counts = self._series(when, series)
+        counts[label] = counts.get(label, 0) + n
+
+    def latency(self, when: float, series: str, ms: float) -> None:
+        """One latency in the histogram ``series`` (locust's rounding, :func:`bucket_ms`)."""
+        self.count(when, series, str(bucket_ms(ms)))
+
     def burst(self, when: float, stopped: bool) -> None:
         counts = self._series(when, BURSTS)
         label = outcomes.BURST_STOPPED if stopped else outcomes.BURST_THROUGH

@@ -17,7 +17,11 @@ results beside this one's in ``report.html``; ``--report-only`` rewrites ``repor
 ``--out`` without running. ``--scenario guided-compile`` runs issue 23's guided compile budget
 phase instead (``loadtests/guided_policy.yaml``, :mod:`loadtests.guided`): one tenant warming
 benign schemas then repeating them, another flooding unique ones; its per-tenant figures go to
-``guided.json`` and are printed under the SLO table.
+``guided.json`` and are printed under the SLO table. ``--scenario fair-share`` runs issue 25's
+fair share phase (:mod:`loadtests.fairshare`): ``--users`` chat users alone for ``--solo``
+seconds, then beside ``--flood-streams`` long streams of another tenant (``--flood-unread`` of
+them never read); the gate adds the chat tenant's p99 ratio and unanswered requests, the report
+its latency per tenant over time and each tenant's share.
 
 ``python -m schedguard._load_cli upstream ...`` is the upstream it starts: ``schedguard ref``
 plus the cost model (the engine sleeps the simulated step time, as a GPU would take it).
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import progress
-from loadtests.target import KINDS, REFERENCE_MODEL
+from loadtests.target import BENIGN_KEY, FLOOD_KEY, KINDS, REFERENCE_MODEL
 from schedguard._argtypes import fraction, non_negative_float, positive_float, positive_int
 
 __all__ = [
@@ -114,11 +118,14 @@ def _add_traffic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--processes", type=int, default=0, help="locust worker processes (0: one)")
     p.add_argument(
         "--scenario",
-        choices=("mixed", "guided-compile"),
+        choices=("mixed", "guided-compile", "fair-share"),
         default="mixed",
         help="mixed: benign users and attackers; guided-compile: one tenant warming benign "
         "structured-output schemas then repeating them, another sending unique schemas "
-        "(--users and --attack-share ignored; loadtests/guided_policy.yaml by default)",
+        "(--users and --attack-share ignored; loadtests/guided_policy.yaml by default); "
+        "fair-share: --users chat users (the ordinary tenant, --user-rps each) alone for "
+        "--solo seconds, then beside another tenant's --flood-streams long streams "
+        "(--attack-share and --shape ignored)",
     )
     p.add_argument(
         "--flood-rps",
@@ -137,6 +144,77 @@ def _add_traffic(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="seed of the prompts and the attack order (reproducible runs)",
+    )
+    _add_fair_share(p)
+
+
+def _add_fair_share(p: argparse.ArgumentParser) -> None:
+    """The fair share phase's flood and its tenants' keys (--scenario fair-share)."""
+    p.add_argument(
+        "--solo",
+        type=positive_float,
+        metavar="S",
+        help="with --scenario fair-share: seconds the chat tenant runs alone (its baseline) "
+        "before the flood joins; default: a third of --duration",
+    )
+    p.add_argument(
+        "--flood-streams",
+        type=positive_int,
+        default=8,
+        help="with --scenario fair-share: the flood tenant's streams open at once",
+    )
+    p.add_argument(
+        "--flood-unread",
+        type=int,
+        default=4,
+        help="with --scenario fair-share: of the flood's streams, how many never read a byte of "
+        "their answer and hold the connection --flood-hold seconds",
+    )
+    p.add_argument(
+        "--flood-hold",
+        type=positive_float,
+        default=30.0,
+        metavar="S",
+        help="with --scenario fair-share: seconds an unread stream holds its connection",
+    )
+    p.add_argument(
+        "--flood-tokens",
+        type=positive_int,
+        help="with --scenario fair-share: max_tokens of a flood stream; default by upstream "
+        "kind: 2048 (reference), 1024 (vllm, other), 128 (llama_cpp: longer streams of the "
+        "test model are superlinear, docs/FINDINGS.md)",
+    )
+    p.add_argument(
+        "--flood-n",
+        type=positive_int,
+        help="with --scenario fair-share: n of a flood stream; default 4 where the upstream "
+        "honours n (reference, vllm), else 1",
+    )
+    p.add_argument(
+        "--chat-tokens",
+        type=positive_int,
+        default=16,
+        help="with --scenario fair-share: max_tokens of the chat tenant's chats",
+    )
+    p.add_argument(
+        "--chat-timeout",
+        type=positive_float,
+        default=20.0,
+        metavar="S",
+        help="with --scenario fair-share: seconds a chat may take before it counts as unanswered",
+    )
+    p.add_argument(
+        "--tenant-key",
+        default=BENIGN_KEY,
+        help="with --scenario fair-share: the ordinary (chat) tenant's API key; with --host "
+        "the target guard's policy must hold it (loadtests/policy.yaml does), and --host's "
+        "/v1/models is asked with it",
+    )
+    p.add_argument(
+        "--flood-key",
+        default=FLOOD_KEY,
+        help="with --scenario fair-share: the flood tenant's API key, another tenant than "
+        "--tenant-key's in the guard's policy (loadtests/policy.yaml: tenant flood)",
     )
 
 
@@ -209,6 +287,12 @@ def _add_slos(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", help="slo.json of an earlier run: gate the benign p99 ratio")
     p.add_argument("--p99-ms", type=positive_float, help="benign p99 latency SLO")
     p.add_argument("--max-p99-ratio", type=positive_float, help="p99 / baseline p99 SLO")
+    p.add_argument(
+        "--max-fair-ratio",
+        type=positive_float,
+        default=2.0,
+        help="with --scenario fair-share: the chat tenant's p99 under flood / its solo p99 SLO",
+    )
     p.add_argument("--max-guard-rss-mb", type=positive_float, help="guard peak RSS SLO")
     p.add_argument("--max-upstream-rss-mb", type=positive_float, help="upstream peak RSS SLO")
     p.add_argument("--max-rss-slope", type=positive_float, help="RSS slope SLO, MB/min (soaks)")
@@ -307,7 +391,13 @@ def locust_argv(
     import loadtests
 
     guided = args.scenario == "guided-compile"
-    benign, attackers = (1, 1) if guided else split_users(args.users, args.attack_share)
+    fair = args.scenario == "fair-share"
+    if guided:
+        benign, attackers = 1, 1
+    elif fair:
+        benign, attackers = args.users, args.flood_streams
+    else:
+        benign, attackers = split_users(args.users, args.attack_share)
     total = benign + attackers
     cmd = [
         sys.executable,
@@ -335,7 +425,7 @@ def locust_argv(
         "--attack-share",
         repr(attackers / total),
         "--shape",
-        args.shape,
+        "fair" if fair else args.shape,
         "--user-rps",
         repr(args.user_rps),
         "--upstream-profile",
@@ -362,6 +452,8 @@ def locust_argv(
             "--guided-json",
             str(out / "guided.json"),
         ]
+    if fair:
+        cmd += _fair_argv(args)
     if progress_s is not None:
         cmd += [
             "--progress-json",
@@ -400,6 +492,38 @@ def locust_argv(
     return cmd + extra
 
 
+def _fair_argv(args: argparse.Namespace) -> list[str]:
+    """The fair share phase's locust arguments (loadtests/locustfile.py's ``--fair-*``)."""
+    cmd = [
+        "--scenario",
+        "fair-share",
+        "--fair-streams",
+        str(args.flood_streams),
+        "--fair-unread",
+        str(min(args.flood_unread, args.flood_streams)),
+        "--fair-hold-s",
+        repr(args.flood_hold),
+        "--fair-chat-tokens",
+        str(args.chat_tokens),
+        "--fair-chat-timeout-s",
+        repr(args.chat_timeout),
+        "--benign-key",
+        args.tenant_key,
+        "--flood-key",
+        args.flood_key,
+        "--slo-fair-max-p99-ratio",
+        repr(args.max_fair_ratio),
+    ]
+    for flag, value in (
+        ("--fair-solo-s", args.solo),
+        ("--fair-flood-tokens", args.flood_tokens),
+        ("--fair-flood-n", args.flood_n),
+    ):
+        if value:
+            cmd += [flag, str(value)]
+    return cmd
+
+
 def _err(message: str) -> None:
     print(f"schedguard load: {message}", file=sys.stderr, flush=True)
 
@@ -435,6 +559,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.host and args.no_guard:
         _err("--no-guard starts its own upstream; it cannot be combined with --host")
+        return 2
+    if args.scenario == "fair-share" and args.solo is not None and args.solo >= args.duration:
+        _err("--solo must end before --duration: the flood segment needs time")
         return 2
     from guard.errors import PolicyError
     from loadtests.target import TargetError
@@ -633,7 +760,7 @@ def _host_endpoints(args: argparse.Namespace) -> LoadEndpoints:
     from loadtests.target import discover, is_guard
 
     host = args.host.rstrip("/")
-    found = discover(host, model=args.model, kind=args.upstream_kind)
+    found = discover(host, model=args.model, kind=args.upstream_kind, api_key=args.tenant_key)
     guard_metrics = args.guard_metrics
     if guard_metrics is None and args.guard_pid is None and is_guard(host):
         guard_metrics = host + "/metrics"
@@ -785,6 +912,10 @@ def _finish(args: argparse.Namespace, out: Path, servers: Sequence[Any], code: i
             from loadtests.guided import render
 
             print("\n" + render(full["guided"]) + "\n")
+        if "fair_share" in report.numbers:
+            from loadtests import fairshare
+
+            print("\n" + fairshare.render(report.numbers["fair_share"]) + "\n")
         for name, s in servers_info.items():
             print(f"{name}: {s['url']} pid {s['pid']}, peak RSS {s['peak_rss_mb']} MB, {s['exit']}")
         print(
