@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 from fuzz.targets._base import Budgets, Cost
 from fuzz.targets._common import TargetBase
 from fuzz.targets._mutate import byte_mutate, grow_number
+from fuzz.targets._upstream_venv import FROM_UPSTREAMS, findable
 from fuzz.targets.backends_corpus import BENIGN, request_body, spec_text
 from guard.errors import GuardError
 
@@ -163,15 +164,17 @@ class _BackendTarget(TargetBase):
     # -- setup ---------------------------------------------------------------------------------
 
     def available(self) -> bool:
-        import importlib.util
-
-        return importlib.util.find_spec(self.module) is not None
+        return findable(self.module)
 
     def missing_message(self) -> str:
-        return (
+        message = (
             f"{self.backend} is not installed ({self.module}): "
             f"pip install 'schedguard[{self.extra}]'"
         )
+        upstream = FROM_UPSTREAMS.get(self.module)
+        if upstream is not None:  # or the upstream venv that has it
+            message += f" (or python3 scripts/upstreams/upstreams.py setup {upstream[0]})"
+        return message
 
     def warmup(self) -> None:
         if not self.available():
@@ -395,8 +398,9 @@ class XgrammarBackend(_BackendTarget):
     exercises = "check_structured_outputs(backends=[xgrammar]) then GrammarCompiler + masks"
 
     def _setup(self, vocab: Any) -> Any:
-        import xgrammar as xgr
+        from fuzz.targets._upstream_venv import load_module
 
+        xgr = load_module("xgrammar")  # or vLLM's, from the upstream scripts' venv
         info = xgr.TokenizerInfo(
             vocab.tokens,
             xgr.VocabType.BYTE_LEVEL,

@@ -34,7 +34,6 @@ disagree on then is the language itself.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import random
@@ -49,6 +48,7 @@ from typing import Any, ClassVar
 from fuzz.targets._base import Budgets, Cost
 from fuzz.targets._common import TargetBase
 from fuzz.targets._mutate import json_mutate
+from fuzz.targets._upstream_venv import findable
 from fuzz.targets.backends import (
     BackendRejected,
     guidance_matcher,
@@ -208,6 +208,10 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# A class shorthand, not an escaped backslash before a letter.
+_SHORTHAND = re.compile(r"(?<!\\)(?:\\\\)*\\[dwsbDWSB]")
+
+
 def reference(kind: str, spec: Any, text: str) -> bool | None:
     """What the constraint's own semantics say of ``text`` (None: no reference for it)."""
     if kind == "json":
@@ -225,6 +229,11 @@ def reference(kind: str, spec: Any, text: str) -> bool | None:
         return bool(validator.is_valid(value))
     if any(unicodedata.category(c) == "Cn" for c in text):
         # unassigned in this Python's Unicode tables, perhaps a digit or letter in the backend's
+        return None
+    if not text.isascii() and _SHORTHAND.search(spec):
+        # \d \w \s \b: ASCII in ECMA-262 without the u flag (JSON Schema's dialect, which
+        # xgrammar follows), Unicode in Python's, outlines-core's and llguidance's: two
+        # readings, neither the constraint's own
         return None
     try:
         return re.fullmatch(spec, text) is not None
@@ -359,8 +368,9 @@ class _Xgrammar(_Backend):
     name = "xgrammar"
 
     def __init__(self, vocab: _Vocab, raw: Any) -> None:
-        import xgrammar as xgr
+        from fuzz.targets._upstream_venv import load_module
 
+        xgr = load_module("xgrammar")  # or vLLM's, from the upstream scripts' venv
         super().__init__(vocab, raw)
         self.xgr = xgr
         info = xgr.TokenizerInfo(
@@ -394,7 +404,7 @@ _ADAPTERS: dict[str, type[_Backend]] = {
 
 
 def _installed(name: str) -> bool:
-    return importlib.util.find_spec(BACKENDS[name][0]) is not None
+    return findable(BACKENDS[name][0])
 
 
 # ---- the target -------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ subclass the worker loads by name. Decisions only, nothing asserts speed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable
 from typing import Any
@@ -17,9 +16,10 @@ import pytest
 from fuzz.oracle import Oracle
 from fuzz.targets import backends_diff as bd
 from fuzz.targets import get_target
+from fuzz.targets._upstream_venv import findable
 from fuzz.targets.backends import join_input
 
-HAVE_TWO = sum(importlib.util.find_spec(m) is not None for m, _ in bd.BACKENDS.values()) >= 2
+HAVE_TWO = sum(findable(m) for m, _ in bd.BACKENDS.values()) >= 2
 needs_two = pytest.mark.skipif(not HAVE_TWO, reason="fewer than two backends installed")
 
 
@@ -74,6 +74,13 @@ def test_reference_judges_schemas_and_regexes() -> None:
     assert bd.reference("regex", "(", "") is None
     # a digit in newer Unicode tables than this Python's: not judged
     assert bd.reference("regex", r"\d", "\U0001ccf5") is None
+    # \d \w \s \b: ASCII to xgrammar (ECMA-262, JSON Schema's dialect), Unicode to Python,
+    # outlines-core and llguidance: a non-ASCII string under one is not judged either
+    assert bd.reference("regex", r"\w+", "\u00e9tude") is None
+    assert bd.reference("regex", r"\d3", "\uff143") is None
+    assert bd.reference("regex", r"\w+", "etude") is True
+    assert bd.reference("regex", r"[a-z\u00e9]+", "\u00e9tude") is True  # no shorthand
+    assert bd.reference("regex", r"\\w+", "\\\u00e9") is False  # an escaped backslash, then w
 
 
 def test_missing_backend_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
