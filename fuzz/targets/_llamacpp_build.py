@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 VERSION = "0.3.36"
-BuildStatus = Literal["accepted", "rejected", "signal", "memory", "time", "error"]
+BuildStatus = Literal["accepted", "rejected", "signal", "memory", "time", "starved", "error"]
 # Where the child was when it died: parse + init, a token mask, accepting a token.
 Phase = Literal["build", "apply", "accept", "-"]
 
@@ -108,9 +108,11 @@ class BuildLimits:
     """The child's limits: CPU seconds (``RLIMIT_CPU``), address space above the worker's,
     wall seconds before it is killed (a child blocked or starved), decode steps walked."""
 
-    cpu_s: int = 3
-    mem_bytes: int = 512 << 20
-    wall_s: float = 6.0
+    # Just over the target's budgets (1 s, 256 MiB): past them the finding is made, so a
+    # runaway build need not go further.
+    cpu_s: int = 2
+    mem_bytes: int = 320 << 20
+    wall_s: float = 5.0
     walk_steps: int = 8
 
 
@@ -118,8 +120,10 @@ class BuildLimits:
 class BuildOutcome:
     """What one build did. ``status``: ``accepted`` / ``rejected`` (llama.cpp returned NULL)
     when the child finished; ``signal`` (``signal`` names it), ``memory`` (an allocation
-    failed: ``std::bad_alloc`` or MemoryError), ``time`` (CPU limit or wall-clock kill),
-    ``error`` (the child's own Python failed: a harness bug) when it died. ``phase``: where
+    failed: ``std::bad_alloc`` or MemoryError), ``time`` (the CPU limit, or killed at the
+    wall-clock limit after half of it in CPU), ``starved`` (killed at the wall-clock limit
+    having had less: a loaded machine, no verdict), ``error`` (the child's own Python failed:
+    a harness bug) when it died. ``phase``: where
     it was. ``build_cpu_s``: parse and init; ``mask_cpu_s``: the dearest token mask;
     ``peak_bytes``: the child's peak RSS growth; ``log``: the tail of what llama.cpp wrote
     (its refusal reason, an abort message)."""
@@ -140,12 +144,13 @@ class BuildOutcome:
             r"error parsing grammar: ([^\n]*)",
             r"what\(\):\s*([^\n]*)",
             r"(GGML_ASSERT\([^\n]*)",
-            r"([^\n]*(?:error|failed)[^\n]*)",
+            r"([^\n]*(?:error|failed|unsupported)[^\n]*)",
         ):
             m = re.search(pattern, self.log)
             if m:
                 return m.group(1).strip()[:300]
-        return ""
+        lines = [line.strip() for line in self.log.splitlines() if line.strip()]
+        return lines[-1][:300] if lines else ""
 
 
 class LlamaCppGrammar:
@@ -184,6 +189,8 @@ class LlamaCppGrammar:
 def load(located: Located) -> LlamaCppGrammar:
     """Import llama-cpp-python from the upstream venv and load the model's vocabulary only."""
     assert located.site_packages is not None and located.model is not None
+    # ggml's abort handler otherwise attaches gdb to print a backtrace: seconds per abort.
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     if str(located.site_packages) not in sys.path:
         sys.path.append(str(located.site_packages))
     import importlib
@@ -298,8 +305,9 @@ def _fork_child(
 _PHASES: dict[int, Phase] = {ord("B"): "build", ord("A"): "apply", ord("C"): "accept"}
 
 
-def _wait(pid: int, wall_s: float) -> tuple[int, Any, bool]:
-    """``wait4`` the child, killing it at ``wall_s``: (status, rusage, killed)."""
+def _wait(pid: int, wall_s: float, cpu_s: float) -> tuple[int, Any, str | None]:
+    """``wait4`` the child, killing it at ``wall_s``: (status, rusage, None or why it was
+    killed: ``killed``, or ``starved`` when it had less than half its CPU limit by then)."""
     deadline = time.monotonic() + wall_s
     pidfd = -1
     with contextlib.suppress(OSError, AttributeError):
@@ -308,13 +316,14 @@ def _wait(pid: int, wall_s: float) -> tuple[int, Any, bool]:
         while True:
             done, status, usage = os.wait4(pid, os.WNOHANG)
             if done:
-                return status, usage, False
+                return status, usage, None
             left = deadline - time.monotonic()
             if left <= 0:
+                starved = _cpu_of(pid) < cpu_s / 2
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 _, status, usage = os.wait4(pid, 0)
-                return status, usage, True
+                return status, usage, "starved" if starved else "killed"
             if pidfd >= 0:
                 select.select([pidfd], [], [], left)
             else:
@@ -338,7 +347,7 @@ def build(
         pid = _fork_child(env, grammar, out_w, log_fd, limits, seed)
         os.close(out_w)
         out_w = -1
-        status, usage, killed = _wait(pid, limits.wall_s)
+        status, usage, killed = _wait(pid, limits.wall_s, limits.cpu_s)
         pid = -1
         report = _read_all(out_r)
         log = os.pread(log_fd, 1 << 20, 0).decode("utf-8", "replace")[-_LOG_TAIL:]
@@ -354,6 +363,16 @@ def build(
     return _outcome(status, usage, killed, report, log, rss_before)
 
 
+def _cpu_of(pid: int) -> float:
+    """CPU seconds of a running process (``/proc/<pid>/stat``; 0.0 when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _read_all(fd: int) -> bytes:
     chunks: list[bytes] = []
     while True:
@@ -364,7 +383,7 @@ def _read_all(fd: int) -> bytes:
 
 
 def _outcome(
-    status: int, usage: Any, killed: bool, report: bytes, log: str, rss_before: int
+    status: int, usage: Any, killed: str | None, report: bytes, log: str, rss_before: int
 ) -> BuildOutcome:
     marks, _, line = report.partition(b"\n")
     phase: Phase = _PHASES.get(marks[-1], "-") if marks else "-"
@@ -373,6 +392,8 @@ def _outcome(
     # shares with the worker count from the fork) less the worker's RSS then.
     peak = max(0, int(usage.ru_maxrss) * 1024 - rss_before)
     common: dict[str, Any] = {"phase": phase, "cpu_s": cpu, "peak_bytes": peak, "log": log}
+    if killed == "starved":
+        return BuildOutcome("starved", signal="SIGKILL", **common)
     if killed:
         return BuildOutcome("time", signal="SIGKILL", **common)
     if os.WIFSIGNALED(status):

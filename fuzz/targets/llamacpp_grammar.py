@@ -65,6 +65,7 @@ __all__ = [
     "MASK_BUDGET_S",
     "MEM_BUDGET",
     "PER_BYTE_S",
+    "BuildStarved",
     "GrammarFinding",
     "Judgement",
     "LlamaCppGrammarBackend",
@@ -88,6 +89,13 @@ _PARSE_CODE = "guided_grammar_invalid"
 # A refusal the guard makes knowingly: a <text> token needs the model's vocabulary.
 _DELIBERATE = ("token given by its text",)
 ENDPOINT = "/v1/completions"
+
+
+class BuildStarved(Exception):
+    """The child got too little CPU before its wall-clock limit (a loaded machine): no
+    verdict, so not a finding."""
+
+    code = "llamacpp_build_starved"
 
 
 class GrammarFinding(Exception):
@@ -266,7 +274,7 @@ class LlamaCppGrammarBackend(TargetBase):
         "child: crash, abort, memory, time, cost per byte, verdict disagreement"
     )
     kind = "guard"  # every finding is the guard's: a bypass, or a false refusal
-    expected: tuple[type[BaseException], ...] = (GuardError,)
+    expected: tuple[type[BaseException], ...] = (GuardError, BuildStarved)
     isolate_by_default = True
     endpoint = ENDPOINT
     class_ = "guided_decoding"
@@ -332,6 +340,8 @@ class LlamaCppGrammarBackend(TargetBase):
             raise refusal  # a cost refusal: the policy's budget, not llama.cpp's reading
         text = data.decode("utf-8", "replace")  # what a JSON body carries
         out = build(env, text.encode("utf-8"), self.limits)
+        if out.status == "starved":
+            raise BuildStarved(f"{out.cpu_s:.2f} s CPU in {self.limits.wall_s} s")
         verdict = judge(refusal, out, len(data))
         if verdict.finding is not None:
             raise finding_type(verdict.finding)(verdict.message)
