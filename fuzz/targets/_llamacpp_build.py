@@ -25,6 +25,7 @@ from __future__ import annotations
 import array
 import contextlib
 import ctypes
+import faulthandler
 import json
 import os
 import random
@@ -109,10 +110,10 @@ class BuildLimits:
     wall seconds before it is killed (a child blocked or starved), decode steps walked."""
 
     # Just over the target's budgets (1 s, 256 MiB): past them the finding is made, so a
-    # runaway build need not go further.
+    # runaway build need not go further; the wall clock well inside the oracle's 10 s kill.
     cpu_s: int = 2
     mem_bytes: int = 320 << 20
-    wall_s: float = 5.0
+    wall_s: float = 4.0
     walk_steps: int = 8
 
 
@@ -286,6 +287,7 @@ def _fork_child(
         return pid
     code = _EXIT_ERROR
     try:
+        faulthandler.disable()  # a crash here is the finding: no Python traceback for it
         os.dup2(log_fd, 2)  # llama.cpp's log and an abort's message, for the parent to read
         _die_with_parent()
         signal.signal(signal.SIGPROF, signal.SIG_IGN)  # the worker's soft timer is not ours

@@ -286,6 +286,10 @@ class LlamaCppGrammarBackend(TargetBase):
     budgets = Budgets(wall_s=1.0, mem_bytes=256 * _MIB)
     _dictionary = GBNF_DICTIONARY
     limits = BuildLimits()
+    # A grammar the guard refuses is only asked "does llama.cpp build and walk it within
+    # budget?": a build past 1 s or 64 MiB agrees with the refusal, so it stops there (the
+    # mutations make many that run away: {m,n} with n < m, left recursion through ws).
+    refused_limits = BuildLimits(cpu_s=1, mem_bytes=64 << 20, wall_s=2.5)
 
     def __init__(self) -> None:
         self._env: LlamaCppGrammar | None = None
@@ -339,9 +343,10 @@ class LlamaCppGrammarBackend(TargetBase):
         if refusal is not None and refusal.code != _PARSE_CODE:
             raise refusal  # a cost refusal: the policy's budget, not llama.cpp's reading
         text = data.decode("utf-8", "replace")  # what a JSON body carries
-        out = build(env, text.encode("utf-8"), self.limits)
+        limits = self.limits if refusal is None else self.refused_limits
+        out = build(env, text.encode("utf-8"), limits)
         if out.status == "starved":
-            raise BuildStarved(f"{out.cpu_s:.2f} s CPU in {self.limits.wall_s} s")
+            raise BuildStarved(f"{out.cpu_s:.2f} s CPU in {limits.wall_s} s")
         verdict = judge(refusal, out, len(data))
         if verdict.finding is not None:
             raise finding_type(verdict.finding)(verdict.message)
