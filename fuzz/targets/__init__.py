@@ -63,6 +63,8 @@ BACKEND_TARGETS: dict[str, str] = {
     "backend-guidance": "fuzz.targets.backends:GuidanceBackend",
     # the backends against each other (fuzz/targets/backends_diff.py)
     "backend-diff": "fuzz.targets.backends_diff:DiffBackends",
+    # llama.cpp's grammar code against the guard's GBNF reading (llama-cpp-python's venv)
+    "backend-llamacpp-grammar": "fuzz.targets.llamacpp_grammar:LlamaCppGrammarBackend",
 }
 
 

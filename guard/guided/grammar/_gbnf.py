@@ -98,6 +98,8 @@ class _Parser:
         self.rules: dict[int, list[list[_Item]]] = {}  # rule id -> alternates
         self.elements = 0
         self.depth = 0
+        self.nullable: list[bool] = []
+        self.left_edges: list[list[int]] = []  # references at a rule's left, past nullable ones
 
     # -- lexical helpers (C's *pos is NUL past the end) --
     def ch(self, pos: int) -> str:
@@ -414,15 +416,13 @@ class _Parser:
                         raise _Invalid("a rule referenced but not defined")
         if "root" not in self.symbol_ids:
             raise _Invalid("no 'root' rule")
+        self.nullable = self.compute_nullable(size)
         self.check_hidden_left_recursion(size)
         self.check_left_recursion(size)
+        self.check_ambiguous_recursion(size)
 
-    def check_hidden_left_recursion(self, size: int) -> None:
-        """Left recursion llama.cpp does not see (through a rule all of whose alternatives can
-        match empty text, e.g. ``ws ::= [ ]*``) is expanded by ``llama_grammar_advance_stack``:
-        harmless when every reference on the cycle ends its alternative, but a reference with
-        anything after it pushes that continuation on every turn and the stacks grow until
-        memory runs out (``term ::= ws expr ")"``, ``expr ::= term ...``: std::bad_alloc)."""
+    def compute_nullable(self, size: int) -> list[bool]:
+        """Which rules can match empty text (a fixpoint, unlike llama.cpp's "may be empty")."""
         rules = self.rules
         # Nullability by a worklist: a rule is nullable once one alternative has only
         # nullable references left.
@@ -450,6 +450,16 @@ class _Parser:
                 if missing[key] == 0 and not nullable[key[0]]:
                     nullable[key[0]] = True
                     todo.append(key[0])
+        return nullable
+
+    def check_hidden_left_recursion(self, size: int) -> None:
+        """Left recursion llama.cpp does not see (through a rule all of whose alternatives can
+        match empty text, e.g. ``ws ::= [ ]*``) is expanded by ``llama_grammar_advance_stack``:
+        harmless when every reference on the cycle ends its alternative, but a reference with
+        anything after it pushes that continuation on every turn and the stacks grow until
+        memory runs out (``term ::= ws expr ")"``, ``expr ::= term ...``: std::bad_alloc)."""
+        rules = self.rules
+        nullable = self.nullable
         edges: list[list[int]] = [[] for _ in range(size)]
         growing: list[tuple[int, int]] = []
         for rid in range(size):
@@ -462,6 +472,7 @@ class _Parser:
                         growing.append((rid, ref))
                     if not nullable[ref]:
                         break
+        self.left_edges = edges
         comp = _sccs(edges)
         for rid, ref in growing:
             if comp[rid] == comp[ref]:
@@ -469,6 +480,65 @@ class _Parser:
                     "left recursion through rules that can match empty text (llama.cpp "
                     "expands it until memory runs out)"
                 )
+
+    def check_ambiguous_recursion(self, size: int) -> None:
+        """Two references in a row that can start with the same rule of the recursion they sit
+        in, the first able to match empty text (``root ::= "[" root? root? "]"``, or JSON's
+        ``array ::= "[" ws value?`` with a ``ws`` that may hold a value): llama.cpp keeps one
+        parse stack per reading, without sharing, and each nesting level of such text can be
+        read two ways, so its stacks double with every level generated. Masks then take
+        seconds a token after a dozen tokens and memory follows (issue 24's
+        backend-llamacpp-grammar campaign). Ambiguity in general cannot be decided; this is the
+        shape that multiplies: which rules each reference can start with (its closure along
+        the references at the left), intersected, within the recursion of the rule holding the
+        pair. Linear in the items, with bit sets of rules."""
+        rules = self.rules
+        nullable = self.nullable
+        # Starts: the rules a reference can begin with, itself included. The left graph may
+        # have cycles (harmless ones pass the checks above): closed per strongly connected
+        # component, in Tarjan's order (a component's successors are numbered before it).
+        left_comp = _sccs(self.left_edges)
+        n_comp = max(left_comp, default=-1) + 1
+        members = [0] * n_comp
+        for rid in range(size):
+            members[left_comp[rid]] |= 1 << rid
+        closure = list(members)
+        succ: list[set[int]] = [set() for _ in range(n_comp)]
+        for rid in range(size):
+            for ref in self.left_edges[rid]:
+                if left_comp[ref] != left_comp[rid]:
+                    succ[left_comp[rid]].add(left_comp[ref])
+        for c in range(n_comp):
+            for d in succ[c]:
+                closure[c] |= closure[d]
+        # The recursions: components of the whole reference graph that contain a cycle.
+        refs: list[list[int]] = [
+            sorted({ref for alt in rules[rid] for ref, _, _ in alt if ref >= 0})
+            for rid in range(size)
+        ]
+        comp = _sccs(refs)
+        cyclic = [0] * (max(comp, default=-1) + 1)
+        for rid in range(size):
+            cyclic[comp[rid]] |= 1 << rid
+        for rid in range(size):
+            mask = cyclic[comp[rid]]
+            if mask == 1 << rid and rid not in refs[rid]:
+                continue  # not recursive
+            for alt in rules[rid]:
+                before = 0  # what the nullable references just before can start with
+                for ref, _, copies in alt:
+                    if ref < 0:
+                        before = 0
+                        continue
+                    starts = closure[left_comp[ref]]
+                    if before & starts & mask or (copies > 1 and nullable[ref] and starts & mask):
+                        raise RegexRejected(
+                            "guided_grammar_unsafe",
+                            "two references in a row can begin the same recursive rule, the "
+                            "first matching empty text: llama.cpp's parse stacks double with "
+                            "each nesting level generated",
+                        )
+                    before = before | starts if nullable[ref] else 0
 
     def check_left_recursion(self, size: int) -> None:
         rules = self.rules

@@ -116,6 +116,36 @@ def test_unrolled_elements_are_bounded() -> None:
     assert _code('root ::= "' + "a" * 10 + '"{1000}') is None
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        'root ::= "[" root? root? "]"',  # each "[" nests two ways
+        'root ::= "[" x{2} "]"\nx ::= root | ',  # the same, counted
+        'root ::= "[" ws root? "]"\nws ::= " "? root?',  # a whitespace rule that may hold one
+        # the backend-llamacpp-grammar campaign's shape (issue 24): JSON's ws may hold a value
+        'root ::= value\nvalue ::= "x" | array\narray ::= "[" ws (value ("," ws value)*)? "]" ws\n'
+        'ws ::= ([ \\t\\n] ws)? r\nr ::= value | "ab" | \n',
+    ],
+)
+def test_ambiguous_recursion_is_refused(text: str) -> None:
+    """llama.cpp keeps a parse stack per reading: these double theirs with every level of
+    nesting generated (seconds a token after a dozen tokens in llama-cpp-python 0.3.36)."""
+    assert _code(text) == "guided_grammar_unsafe"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'root ::= "[" root? ("," root)* "]"',  # optional first element: one reading
+        'root ::= "[" root? "]" root?',  # the second reference after a terminal
+        'root ::= x? y\nx ::= "a"\ny ::= "a"',  # ambiguous, but no recursion to multiply
+        'root ::= "(" ws root? ")" | "x"\nws ::= [ \\t]*',  # ws holds no rule of the recursion
+    ],
+)
+def test_unambiguous_recursion_is_admitted(text: str) -> None:
+    assert _code(text) is None
+
+
 def _check(body: dict[str, object], limits: GuidedLimits | None = None) -> str | None:
     try:
         check_guided_decoding(body, limits or GuidedLimits())
