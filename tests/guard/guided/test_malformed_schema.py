@@ -10,13 +10,13 @@ again, so the table cannot drift from the library it describes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fuzz.targets._upstream_venv import upstreams_root
 from guard.guided.backends import route_auto
 from guard.guided.schema import xgrammar_refuses_form
 from guard.pipeline import check_body
@@ -149,12 +149,7 @@ def test_the_findings_request_is_refused_naming_outlines_and_its_look_alike_serv
 
 
 def _vllm_python() -> Path | None:
-    base = os.environ.get("SCHEDGUARD_UPSTREAMS_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        / "schedguard"
-        / "upstreams"
-    )
-    python = Path(base) / "vllm" / "venv" / "bin" / "python"
+    python = upstreams_root() / "vllm" / "venv" / "bin" / "python"
     return python if python.is_file() else None
 
 
