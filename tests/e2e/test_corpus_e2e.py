@@ -97,6 +97,10 @@ REFUSED: dict[tuple[str, str], tuple[str, str]] = {
     ("llamacpp", "bn-rf-schema-bounded-strings"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_SCHEMA),
     ("llamacpp", "bn-rf-schema-enum"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_SCHEMA),
     ("llamacpp", "bn-rf-schema-order"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_SCHEMA),
+    ("llamacpp", "bn-rf-schema-pattern-properties-nested"): (
+        _UNSUPPORTED_BY_UPSTREAM,
+        _LLAMA_SCHEMA,
+    ),
     ("llamacpp", "bn-rf-schema-toolcall"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_SCHEMA),
     ("llamacpp", "bn-parallel-tool-calls"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_NULL),
     ("llamacpp", "bn-tool-history"): (_UNSUPPORTED_BY_UPSTREAM, _LLAMA_NULL),
