@@ -81,9 +81,12 @@ class ConnectionLimits:
         "flood of unread answers costs no more than this).",
     )
     keep_alive_timeout_s: PosFloat = Field(
-        default=5.0,
-        description="Seconds a connection may stay idle after a response before it is closed "
-        "(uvicorn's default; clients reopen one when they need it).",
+        default=75.0,
+        description="Seconds a connection may stay idle after a response before it is closed. "
+        "Longer than clients keep an idle connection for reuse (httpx and the openai SDK: 5 s, "
+        "aiohttp: 15 s): at uvicorn's 5 s a client could send on a connection the guard was "
+        "closing at that moment and get no answer. Idle connections are the first closed "
+        "past `max_connections` and `max_connections_per_peer`.",
     )
     max_connections: PosInt = Field(
         default=8192,
