@@ -398,7 +398,25 @@ def _attack_cycle(environment: Environment) -> RoundRobin:
     return _attacks
 
 
-class BenignUser(User):
+class _PacedClient(User):
+    """A client of one key on one kept-alive connection, sending ``rps`` requests a second."""
+
+    abstract = True
+
+    def _connect(self, rps: float, key: str, timeout_s: float) -> None:
+        self.conn = KeepAlive(self.host or "", timeout_s)
+        self.pace = constant_throughput(rps)
+        self.auth = ("authorization", f"Bearer {key}")
+        self.headers = [("content-type", "application/json"), self.auth]
+
+    def wait_time(self) -> float:
+        return self.pace(self)
+
+    def on_stop(self) -> None:
+        self.conn.close()
+
+
+class BenignUser(_PacedClient):
     """An OpenAI API client: chat and completions, streamed or not, realistic lengths."""
 
     weight = 7
@@ -413,18 +431,7 @@ class BenignUser(User):
             model=opts.model,
         )
         self.lookalike_share = opts.lookalike_share
-        self.conn = KeepAlive(self.host or "", opts.request_timeout_s)
-        self.pace = constant_throughput(opts.user_rps)
-        self.headers = [
-            ("content-type", "application/json"),
-            ("authorization", f"Bearer {opts.benign_key}"),
-        ]
-
-    def wait_time(self) -> float:
-        return self.pace(self)
-
-    def on_stop(self) -> None:
-        self.conn.close()
+        self._connect(opts.user_rps, opts.benign_key, opts.request_timeout_s)
 
     @task
     def request(self) -> None:
@@ -578,7 +585,7 @@ def _benign_schemas(limit: int) -> list[guided.BenignSchema]:
     return _guided_schemas
 
 
-class GuidedAppUser(User):
+class GuidedAppUser(_PacedClient):
     """The app tenant: each benign schema once (warm), then the same ones again, round robin."""
 
     weight = 1
@@ -589,15 +596,7 @@ class GuidedAppUser(User):
         self.flood_at = self.t0 + float(opts.guided_flood_after_s)
         self.schemas = _benign_schemas(int(opts.guided_schemas))
         self.sent = 0
-        self.conn = KeepAlive(self.host or "", opts.request_timeout_s)
-        self.pace = constant_throughput(opts.guided_app_rps)
-        self.auth = ("authorization", f"Bearer {opts.benign_key}")
-
-    def wait_time(self) -> float:
-        return self.pace(self)
-
-    def on_stop(self) -> None:
-        self.conn.close()
+        self._connect(opts.guided_app_rps, opts.benign_key, opts.request_timeout_s)
 
     @task
     def request(self) -> None:
@@ -715,7 +714,7 @@ def _fair_record(tenant: str, segment: str, label: str, ms: float | None, tokens
         _timeline.count(now, fairshare.series_name("tokens", tenant, segment), "tokens", tokens)
 
 
-class FairChatUser(User):
+class FairChatUser(_PacedClient):
     """The ordinary tenant: short chats, one at a time, ``--user-rps`` each."""
 
     weight = 1
@@ -723,19 +722,8 @@ class FairChatUser(User):
     def on_start(self) -> None:
         opts = _options(self.environment)
         self.flood_at = _fair_flood_at(opts)
-        self.conn = KeepAlive(self.host or "", opts.fair_chat_timeout_s)
-        self.pace = constant_throughput(opts.user_rps)
+        self._connect(opts.user_rps, opts.benign_key, opts.fair_chat_timeout_s)
         self.body = fairshare.chat_body(opts.model, int(opts.fair_chat_tokens))
-        self.headers = [
-            ("content-type", "application/json"),
-            ("authorization", f"Bearer {opts.benign_key}"),
-        ]
-
-    def wait_time(self) -> float:
-        return self.pace(self)
-
-    def on_stop(self) -> None:
-        self.conn.close()
 
     @task
     def chat(self) -> None:
