@@ -8,12 +8,17 @@ vLLM, and the ``ui`` one, later, is served first: the priority the guard injecte
 vLLM scheduled by. The control: the ``ui`` client asking for 20 (worse than its key's, so
 forwarded as asked) is served after the ``batch`` request. Decisions (an order, refusals), not
 speed. Under FCFS vLLM 0.32 would accept the same bodies and ignore their priorities.
+
+The long request is a stream far longer than the test needs (the window is stretched for it),
+cancelled once the two are answered: on a busy machine processes stall for seconds (measured
+here: a 10 s request let neither queued request reach vLLM), so its length is the margin.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +33,10 @@ from tests._guard_harness import serve
 from tests.e2e.conftest import RunningUpstream, start_upstream
 
 UI, BATCH = "sk-ui-tenant", "sk-batch-tenant"
-# Long enough to hold vLLM's one place while two requests queue (the model's window is 4096);
-# a machine fast enough to finish it first makes a try inconclusive, and it is tried again.
-HOG_TOKENS = 4000
+# The window vLLM is started with for this test (the tiny model's is 4096; its RoPE does not
+# care), and the long request's length: minutes of decoding, cut short once the order is known.
+WINDOW = 65536
+HOG_TOKENS = 60000
 TRIES = 3
 # Each queued request's own length: the second starts only when the first has ended (one place),
 # so their answers arrive about this many decode steps apart, in the order vLLM served them.
@@ -39,7 +45,15 @@ QUEUED_TOKENS = 200
 
 @pytest.fixture(scope="module")
 def priority_vllm() -> Iterator[RunningUpstream]:
-    yield from start_upstream("vllm", "--scheduling-policy", "priority", "--max-num-seqs", "1")
+    # vLLM refuses a window past the model's max_position_embeddings unless told it may.
+    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    try:
+        yield from start_upstream(
+            "vllm", "--scheduling-policy", "priority", "--max-num-seqs", "1",
+            "--max-model-len", str(WINDOW),
+        )  # fmt: skip
+    finally:
+        del os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"]
 
 
 def _policy_yaml(upstream: RunningUpstream) -> str:
@@ -54,17 +68,19 @@ keys:
 """
 
 
-async def _gauge(client: httpx.AsyncClient, base_url: str, name: str) -> float:
-    text = (await client.get(base_url + "/metrics")).text
+async def _gauge(gauges: httpx.AsyncClient, base_url: str, name: str) -> float:
+    text = (await gauges.get(base_url + "/metrics")).text
     return sum(float(v) for v in re.findall(rf"^vllm:{name}\{{[^}}]*\}} ([0-9.]+)$", text, re.M))
 
 
-async def _until(client: httpx.AsyncClient, upstream: RunningUpstream, name: str, n: int,
-                 hog: asyncio.Task[None]) -> None:  # fmt: skip
+async def _until(gauges: httpx.AsyncClient, upstream: RunningUpstream, name: str, n: int,
+                 hog: asyncio.Task[None] | None) -> None:  # fmt: skip
+    """Poll until vLLM's gauge ``name`` is at least ``n`` (none running when ``n`` is 0)."""
     for _ in range(1200):
-        if await _gauge(client, upstream.base_url, name) >= n:
+        value = await _gauge(gauges, upstream.base_url, name)
+        if value >= n if n else value == 0:
             return
-        if hog.done():
+        if hog is not None and hog.done():
             raise _Inconclusive("the long request ended before the others queued")
         await asyncio.sleep(0.05)  # polling vLLM's gauges, not timing a test
     raise AssertionError(f"vLLM's {name} never reached {n}")
@@ -87,7 +103,13 @@ async def _one_order(guard: str, upstream: RunningUpstream, ui_fields: dict[str,
     """Hold vLLM's one place with a long ``batch`` request, queue a ``batch`` request then a
     ``ui`` one (with ``ui_fields``), and return the order the two were answered in."""
     order: list[str] = []
-    async with httpx.AsyncClient(timeout=600) as client:
+    # A new connection for every poll: a poll delayed past vLLM's 5 s keep-alive would
+    # otherwise be sent on a connection vLLM is closing.
+    no_reuse = httpx.Limits(max_keepalive_connections=0)
+    async with (
+        httpx.AsyncClient(timeout=600) as client,
+        httpx.AsyncClient(timeout=60, limits=no_reuse) as gauges,
+    ):
 
         async def post(name: str, key: str, tokens: int, fields: dict[str, Any]) -> None:
             body = {"model": upstream.model, "prompt": "Hi", "max_tokens": tokens,
@@ -98,21 +120,24 @@ async def _one_order(guard: str, upstream: RunningUpstream, ui_fields: dict[str,
             assert resp.status_code == 200, resp.text
             order.append(name)
 
+        # The previous try's long request, cancelled, may still be leaving vLLM.
+        await _until(gauges, upstream, "num_requests_running", 0, None)
         hog = asyncio.create_task(post("hog", BATCH, HOG_TOKENS, {}))
-        tasks = [hog]
+        queued: list[asyncio.Task[None]] = []
         try:
-            await _until(client, upstream, "num_requests_running", 1, hog)
-            tasks.append(asyncio.create_task(post("batch", BATCH, QUEUED_TOKENS, {})))
-            await _until(client, upstream, "num_requests_waiting", 1, hog)
-            tasks.append(asyncio.create_task(post("ui", UI, QUEUED_TOKENS, ui_fields)))
-            await _until(client, upstream, "num_requests_waiting", 2, hog)
-        except _Inconclusive:
-            await asyncio.gather(*tasks)  # vLLM idle again before the next try
-            raise
-        await asyncio.gather(*tasks)
-    # The hog held the one place while both queued (vLLM's gauges above); its long answer may
-    # reach the client after the short ones that ran after it, so only theirs is compared.
-    return [name for name in order if name != "hog"]
+            await _until(gauges, upstream, "num_requests_running", 1, hog)
+            queued.append(asyncio.create_task(post("batch", BATCH, QUEUED_TOKENS, {})))
+            await _until(gauges, upstream, "num_requests_waiting", 1, hog)
+            queued.append(asyncio.create_task(post("ui", UI, QUEUED_TOKENS, ui_fields)))
+            await _until(gauges, upstream, "num_requests_waiting", 2, hog)
+            # The hog holds the one place until cancelled: the two are served only after it
+            # ends, so it is cancelled once both wait (the guard then ends it in vLLM).
+            hog.cancel()
+            await asyncio.gather(*queued)
+        finally:
+            hog.cancel()
+            await asyncio.gather(hog, *queued, return_exceptions=True)
+    return order
 
 
 @pytest.mark.timeout(900)
