@@ -67,13 +67,14 @@ PREFIX = "fair"
 CHAT_PATH = "/v1/chat/completions"
 CHAT_TOKENS = 16
 # (max_tokens, n) of a flood stream by upstream kind: long, and several sequences where the
-# upstream honours n. llama-cpp-python generates one sequence, and the test model's text makes
-# its streams superlinear past ~128 tokens (docs/findings/llamacpp-undecodable-stream-
-# superlinear.yaml): a longer one holds its one slot for minutes whatever a proxy does.
+# upstream honours n (llama-cpp-python generates one). Text that does not decode makes
+# llama-cpp-python's streams superlinear (docs/findings/llamacpp-undecodable-stream-
+# superlinear.yaml): measure it with a model whose text decodes, as a real model's does (the
+# upstream scripts' `start llamacpp --model-variant text`).
 _FLOOD_SHAPES: dict[str, tuple[int, int]] = {
     "reference": (2048, 4),
     "vllm": (1024, 4),
-    "llama_cpp": (128, 1),
+    "llama_cpp": (1024, 1),
     "other": (1024, 1),
 }
 

@@ -83,6 +83,9 @@ class UpstreamRecipe:
     start_estimate: str
     health_path: str = "/v1/models"
     extra_info: dict[str, str] = field(default_factory=dict)
+    # Other models the generator writes beside model_entry, by the name `start --model-variant`
+    # takes.
+    model_variants: dict[str, str] = field(default_factory=dict)
 
 
 def _vllm_args(model: Path, host: str, port: int) -> list[str]:
@@ -185,6 +188,10 @@ UPSTREAMS: dict[str, UpstreamRecipe] = {
         install_estimate="~6 min (compiles llama.cpp), 0.3 GB",
         start_estimate="2-5 s",
         extra_info={"health": "no /health: readiness is GET /v1/models"},
+        # The same weights but for the tokens that are not whole UTF-8 characters, which it
+        # never samples: its text decodes token by token, as a real model's does (see
+        # make_gguf_model.py); what fair-share measurements use.
+        model_variants={"text": "model-text.gguf"},
     ),
 }
 
@@ -279,6 +286,7 @@ def is_set_up(up: UpstreamRecipe) -> bool:
         and bool(install.get("key"))
         and model.get("key") == model_key(up, install["key"])
         and (paths.model_dir / up.model_entry).exists()
+        and all((paths.model_dir / entry).exists() for entry in up.model_variants.values())
     )
 
 
@@ -653,9 +661,12 @@ def _limit(mem_limit_mb: int | None) -> Callable[[], None] | None:
     return apply
 
 
-def server_command(up: UpstreamRecipe, host: str, port: int, extra: Sequence[str]) -> list[str]:
+def server_command(
+    up: UpstreamRecipe, host: str, port: int, extra: Sequence[str], variant: str | None = None
+) -> list[str]:
     paths = paths_for(up.name)
-    model = (paths.model_dir / up.model_entry).resolve()
+    entry = up.model_entry if variant is None else up.model_variants[variant]
+    model = (paths.model_dir / entry).resolve()
     return [str(paths.python), *up.server_args(model, host, port), *extra]
 
 
@@ -669,7 +680,12 @@ def cmd_start(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    argv = server_command(up, args.host, args.port, args.extra)
+    if args.model_variant is not None and args.model_variant not in up.model_variants:
+        known = ", ".join(up.model_variants) or "none"
+        print(f"error: {up.name} has no model variant {args.model_variant!r} (it has: {known})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    argv = server_command(up, args.host, args.port, args.extra, args.model_variant)
     env = {**os.environ, **up.server_env}
     mem = up.default_mem_limit_mb if args.mem_limit_mb is None else args.mem_limit_mb
     base_url = f"http://{args.host}:{args.port}"
@@ -873,6 +889,12 @@ def build_parser() -> argparse.ArgumentParser:
                    + ")")  # fmt: skip
     p.add_argument("--json", action="store_true",
                    help="with --background: print one JSON record (pid, base_url, model, RSS...)")  # fmt: skip
+    variants = "; ".join(f"{n}: {', '.join(f'{v} ({e})' for v, e in u.model_variants.items())}"
+                         for n, u in UPSTREAMS.items() if u.model_variants)  # fmt: skip
+    p.add_argument("--model-variant", default=None, metavar="NAME",
+                   help="serve another model the setup generated (" + variants + "; text: the "
+                   "same weights, but the text decodes token by token as a real model's does; "
+                   "default: the model)")  # fmt: skip
     p.set_defaults(func=cmd_start)
 
     p = sub.add_parser("stop", help="stop servers started with --background",

@@ -92,8 +92,9 @@ def _script(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start_upstream(name: str, *extra: str) -> Iterator[RunningUpstream]:
-    """Start `name` via the script on a free port, yield it, stop it."""
+def start_upstream(name: str, *extra: str, variant: str | None = None) -> Iterator[RunningUpstream]:
+    """Start `name` via the script on a free port (serving its model ``variant`` when given),
+    yield it, stop it."""
     status = _script("status", name, "--json", timeout=60)
     assert status.returncode == 0, status.stderr
     info = json.loads(status.stdout)["upstreams"][name]
@@ -108,6 +109,8 @@ def start_upstream(name: str, *extra: str) -> Iterator[RunningUpstream]:
     port = free_port(HOST)
     args = ["start", name, "--port", str(port), "--host", HOST, "--background", "--json",
             "--ready-timeout", str(READY_TIMEOUT_S)]  # fmt: skip
+    if variant is not None:
+        args += ["--model-variant", variant]
     if extra:
         args += ["--", *extra]
     started = _script(*args, timeout=READY_TIMEOUT_S + 60)
@@ -145,3 +148,11 @@ def vllm_upstream() -> Iterator[RunningUpstream]:
 def llamacpp_upstream() -> Iterator[RunningUpstream]:
     """llama-cpp-python's server (the same tiny Llama as GGUF, n_ctx 4096)."""
     yield from start_upstream("llamacpp")
+
+
+@pytest.fixture(scope="module")
+def llamacpp_text_upstream() -> Iterator[RunningUpstream]:
+    """llama-cpp-python serving the tiny Llama whose text decodes token by token, as a real
+    model's does (the default one's mostly does not, which llama-cpp-python streams in
+    superlinear time: docs/findings/llamacpp-undecodable-stream-superlinear.yaml)."""
+    yield from start_upstream("llamacpp", variant="text")

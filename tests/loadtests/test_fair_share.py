@@ -145,7 +145,7 @@ def test_records_survive_the_workers_merge() -> None:
 
 
 def test_bodies_and_defaults_by_upstream_kind() -> None:
-    assert fairshare.flood_shape("llama_cpp") == (128, 1)
+    assert fairshare.flood_shape("llama_cpp") == (1024, 1)
     assert fairshare.flood_shape("vllm") == (1024, 4)
     assert fairshare.flood_shape("nonesuch") == fairshare.flood_shape("other")
     flood = json.loads(fairshare.flood_body("m", 128, 1))
