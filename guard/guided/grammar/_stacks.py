@@ -17,11 +17,13 @@ character sets are bit sets of ASCII, one bit for all non-ASCII and one for toke
 - ``tails``: how many distinct positions such an extensible end can be in (one per optional
   rule an ending may stop at: 999 for ``[a-z]{1,999}``, 1 for ``[a-z]*`` whose rule loops onto
   itself), counted along the references at the ends of rules;
-- ``live``: in a sequence, an item whose ``ext`` meets what the rest of the sequence can start
-  with adds its ``tails`` (and the next item's own stacks) to the stacks alive at once; a chain
-  of such overlaps adds up; alternatives that can start with the same character add up (each
-  keeps its own stacks: ``item+ | item+`` doubles). Items of a recursion count 1 inside it (its
-  doubling per nesting level is the other check, in ._gbnf).
+- ``live``: in a sequence, an item whose ``ext`` meets what a repetition of it after it can
+  start with (a loop or recursion back into the rule, the next copy of an unrolled ``{m,n}``,
+  the same rule again) adds its ``tails`` (and the next item's own stacks) to the stacks alive
+  at once, and a chain of such overlaps adds up; a one-time overlap (``[a-z]{1,9} [a-z]{1,9}``)
+  is one split moving along, not stacks multiplying. Alternatives that can start with the same
+  character and hold several stacks each add up (``item+ | item+`` doubles). Items of a
+  recursion count 1 inside it (its doubling per nesting level is the other check, in ._gbnf).
 
 The estimate is an over-approximation of the peak (each conflict counted as if all its
 readings lived at once), within a small factor of what was measured in llama.cpp
@@ -275,9 +277,12 @@ def _rule_live(
             else:
                 open_ext, open_tails, open_refs = ext[ref], tails[ref], {ref}
         best = max(best, alt_live)
-        # Alternatives that are one same reference end in the same stacks (``a | a``).
-        key = alt[0][0] if len(alt) == 1 and alt[0][0] >= 0 else -1 - len(firsts)
-        firsts[key] = (suffix[0], alt_live)
+        # Alternatives starting alike each keep their stacks: those with several of their own
+        # add up (``item+ | item+``); one stack each dies where the texts part (an enum of
+        # strings), and alternatives that are one same reference end in the same stacks.
+        if alt_live > 1:
+            key = alt[0][0] if len(alt) == 1 and alt[0][0] >= 0 else -1 - len(firsts)
+            firsts[key] = (suffix[0], alt_live)
     per_char: dict[int, int] = {}
     for bits, alt_live in firsts.values():
         for bit in _bits(bits):
