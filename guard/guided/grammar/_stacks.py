@@ -17,11 +17,12 @@ character sets are bit sets of ASCII, one bit for all non-ASCII and one for toke
 - ``tails``: how many distinct positions such an extensible end can be in (one per optional
   rule an ending may stop at: 999 for ``[a-z]{1,999}``, 1 for ``[a-z]*`` whose rule loops onto
   itself), counted along the references at the ends of rules;
-- ``live``: in a sequence, an item whose ``ext`` meets what a repetition of it after it can
-  start with (a loop or recursion back into the rule, the next copy of an unrolled ``{m,n}``,
-  the same rule again) adds its ``tails`` (and the next item's own stacks) to the stacks alive
-  at once, and a chain of such overlaps adds up; a one-time overlap (``[a-z]{1,9} [a-z]{1,9}``)
-  is one split moving along, not stacks multiplying. Alternatives that can start with the same
+- ``live``: in a sequence, an item whose ``ext`` meets what the rest of the sequence can start
+  with adds its ``tails`` (and the next item's own stacks) to the stacks alive at once, and a
+  chain of such overlaps adds up: a loop or a counted repetition of such an item (``item+``,
+  llama.cpp's unrolled ``{m,n}`` chain, right recursion), or one item running into the next
+  (``.{1,799} .{1,799}``: a split at any of 799 positions, each a stack, every one of which
+  walks every token as far as it matches). Alternatives that can start with the same
   character and hold several stacks each add up (``item+ | item+`` doubles). Items of a
   recursion count 1 inside it (its doubling per nesting level is the other check, in ._gbnf).
 
@@ -201,15 +202,10 @@ def live_stacks(
         sorted({ref for alt in alts for ref, _, _ in alt if ref >= 0}) for alts in rules
     ]
     comp, members = _by_component(refs)
-    # The references each rule's alternatives begin with: X followed by a rule that begins
-    # with X again is a repetition (X R with R ::= X R | ..., llama.cpp's unrolled {m,n} chain).
-    heads = [frozenset(alt[0][0] for alt in alts if alt and alt[0][0] >= 0) for alts in rules]
     live = [1] * size
     for c, nodes in enumerate(members):
         for rid in nodes:
-            live[rid] = _rule_live(
-                rules[rid], c, comp, heads, terms, nullable, first, ext, tails, live
-            )
+            live[rid] = _rule_live(rules[rid], c, comp, terms, nullable, first, ext, tails, live)
     # The rules llama.cpp can reach from the start.
     seen = [False] * size
     todo = [root]
@@ -229,7 +225,6 @@ def _rule_live(
     alts: Sequence[Sequence[Item]],
     c: int,
     comp: Sequence[int],
-    heads: Sequence[frozenset[int]],
     terms: Sequence[int],
     nullable: Sequence[bool],
     first: Sequence[int],
@@ -253,29 +248,23 @@ def _rule_live(
         alt_live = 1
         open_ext = 0  # what the extensible ends before this item can go on with
         open_tails = 0  # and in how many positions they can be
-        open_refs: set[int] = set()  # the items holding them
         for i, (ref, _, copies) in enumerate(alt):
             if ref < 0:
-                run = 1
-                alt_live = max(alt_live, run)
-                open_ext, open_tails, open_refs = 0, 0, set()
-                continue
-            cur = live[ref] if comp[ref] != c else 1
-            # A repetition (a loop or recursion back into this rule, the next copy of a
-            # counted chain, the same rule again) of an item whose end the text can still be
-            # in: each reading keeps its own stacks, one per position the ended item could be in.
-            again = comp[ref] == c or ref in open_refs or heads[ref] & open_refs
-            overlap = open_ext & suffix[i] and again
-            run = min(run + open_tails + cur, _CAP) if overlap else cur
-            if copies > 1 and ext[ref] & first[ref]:  # X X ...: the same, copies times
-                run = min(run + (copies - 1) * (tails[ref] + cur), _CAP)
-            alt_live = max(alt_live, run)
-            if nullable[ref]:
-                open_ext |= ext[ref]
-                open_tails += tails[ref]
-                open_refs.add(ref)
+                cur, its_ext, its_tails, empty = 1, 0, 0, False
             else:
-                open_ext, open_tails, open_refs = ext[ref], tails[ref], {ref}
+                cur = live[ref] if comp[ref] != c else 1
+                its_ext, its_tails, empty = ext[ref], tails[ref], nullable[ref]
+            # Text here may still belong to an earlier item's end: each reading keeps its own
+            # stacks, one per position that item could have ended in.
+            run = min(run + open_tails + cur, _CAP) if open_ext & suffix[i] else cur
+            if copies > 1 and its_ext & first[ref]:  # X X ...: the same, copies times
+                run = min(run + (copies - 1) * (its_tails + cur), _CAP)
+            alt_live = max(alt_live, run)
+            if empty:
+                open_ext |= its_ext
+                open_tails += its_tails
+            else:
+                open_ext, open_tails = its_ext, its_tails
         best = max(best, alt_live)
         # Alternatives starting alike each keep their stacks: those with several of their own
         # add up (``item+ | item+``); one stack each dies where the texts part (an enum of
