@@ -18,13 +18,13 @@ character sets are bit sets of ASCII, one bit for all non-ASCII and one for toke
   rule an ending may stop at: 999 for ``[a-z]{1,999}``, 1 for ``[a-z]*`` whose rule loops onto
   itself), counted along the references at the ends of rules;
 - ``live``: in a sequence, an item whose ``ext`` meets what the rest of the sequence can start
-  with adds its ``tails`` (and the next item's own stacks) to the stacks alive at once, and a
-  chain of such overlaps adds up: a loop or a counted repetition of such an item (``item+``,
-  llama.cpp's unrolled ``{m,n}`` chain, right recursion), or one item running into the next
-  (``.{1,799} .{1,799}``: a split at any of 799 positions, each a stack, every one of which
-  walks every token as far as it matches). Alternatives that can start with the same
-  character and hold several stacks each add up (``item+ | item+`` doubles). Items of a
-  recursion count 1 inside it (its doubling per nesting level is the other check, in ._gbnf).
+  with adds stacks alive at once: a loop or a recursion back into the rule starts the ended
+  element again (``item+``, right recursion), so all its ``tails``; a next item met once
+  (llama.cpp's unrolled ``{m,n}`` chain is such a next item each time, ``[a-z]{0,9} "a"``) no
+  more than the positions it can be in. Chains of such overlaps add up. Alternatives that can
+  start with the same character and hold several stacks each add up (``item+ | item+``
+  doubles). Items of a recursion count 1 inside it (its doubling per nesting level is the other
+  check, in ._gbnf).
 
 The estimate is an over-approximation of the peak (each conflict counted as if all its
 readings lived at once), within a small factor of what was measured in llama.cpp
@@ -256,7 +256,12 @@ def _rule_live(
                 its_ext, its_tails, empty = ext[ref], tails[ref], nullable[ref]
             # Text here may still belong to an earlier item's end: each reading keeps its own
             # stacks, one per position that item could have ended in.
-            run = min(run + open_tails + cur, _CAP) if open_ext & suffix[i] else cur
+            # Once (``.{0,200} "\n"``): no more of them than the positions this item can be in
+            # (a terminal: one, so two stacks there, not 200); a loop or recursion back into
+            # this rule starts the ended element again: all of them.
+            again = ref >= 0 and comp[ref] == c
+            extra = open_tails if again else min(open_tails, 1 + its_tails)
+            run = min(run + extra + cur, _CAP) if open_ext & suffix[i] else cur
             if copies > 1 and its_ext & first[ref]:  # X X ...: the same, copies times
                 run = min(run + (copies - 1) * (its_tails + cur), _CAP)
             alt_live = max(alt_live, run)
