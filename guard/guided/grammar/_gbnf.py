@@ -577,9 +577,10 @@ class _Parser:
         if peak > self.limits.max_stacks:
             raise RegexRejected(
                 "guided_grammar_unsafe",
-                f"the same text can be read so many ways that llama.cpp may keep about {peak} "
-                f"parse stacks alive at once (more than {self.limits.max_stacks}); each token "
-                "mask walks every one",
+                "the same text can be read so many ways that llama.cpp may keep "
+                f"{f'about {peak}' if peak < 10**6 else 'over a million'} parse stacks (or ways "
+                f"through a token) alive at once, more than {self.limits.max_stacks}; each "
+                "token mask walks every one",
             )
 
     def check_left_recursion(self, size: int) -> None:

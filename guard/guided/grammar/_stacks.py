@@ -263,7 +263,13 @@ def _rule_live(
             extra = open_tails if again else min(open_tails, 1 + its_tails)
             run = min(run + extra + cur, _CAP) if open_ext & suffix[i] else cur
             if copies > 1 and its_ext & first[ref]:  # X X ...: the same, copies times
-                run = min(run + (copies - 1) * (its_tails + cur), _CAP)
+                if empty:
+                    # Copies that may each be skipped (``[a-z]?{30}``): k letters sit in any k of
+                    # the copies, and llama.cpp's mask follows every way (its candidate walk
+                    # keeps no memo), so the ways multiply with the copies.
+                    run = min(run * (its_tails + 1) ** min(copies - 1, 64), _CAP)
+                else:
+                    run = min(run + (copies - 1) * (its_tails + cur), _CAP)
             alt_live = max(alt_live, run)
             if empty:
                 open_ext |= its_ext
