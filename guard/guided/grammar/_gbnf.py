@@ -36,6 +36,14 @@ from dataclasses import dataclass
 
 from guard.errors import RegexRejected
 from guard.guided._limits import GuidedLimits
+from guard.guided.grammar._stacks import (
+    ANY_CHAR,
+    TOKEN_BIT,
+    char_bits,
+    live_stacks,
+    negate_bits,
+    sccs,
+)
 
 __all__ = ["GbnfLimits", "parse_gbnf"]
 
@@ -44,6 +52,7 @@ _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
 _HEX = frozenset("0123456789abcdefABCDEF")
 _SIMPLE_ESCAPES = frozenset('trn\\"[]-')
+_ESCAPED = {"t": "\t", "r": "\r", "n": "\n"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,7 @@ class GbnfLimits:
     max_elements: int  # grammar elements (plus 4 a rule) llama.cpp allocates
     max_steps: int  # calls of llama.cpp's left-recursion check
     max_left_depth: int  # its recursion depth along leftmost rule references
+    max_stacks: int  # parse stacks it may keep alive at once (._stacks' estimate)
 
     @classmethod
     def of(cls, limits: GuidedLimits, max_depth: int) -> GbnfLimits:
@@ -61,6 +71,7 @@ class GbnfLimits:
             max_elements=limits.max_grammar_elements,
             max_steps=limits.max_grammar_steps,
             max_left_depth=limits.max_grammar_left_depth,
+            max_stacks=limits.max_grammar_stacks,
         )
 
 
@@ -68,8 +79,9 @@ class _Invalid(Exception):
     pass
 
 
-# An item of a rule: a rule reference (``ref`` >= 0) or a run of terminal elements (-1), with the
-# number of llama.cpp elements it holds and how many copies of it stand in a row.
+# An item of a rule: a rule reference (``ref`` >= 0) or a literal, class, token or ``.`` (``ref``
+# -1 - i, its first characters ``terms[i]``), with the number of llama.cpp elements it holds and
+# how many copies of it stand in a row.
 _Item = tuple[int, int, int]  # (ref, elements, copies)
 
 
@@ -100,6 +112,7 @@ class _Parser:
         self.depth = 0
         self.nullable: list[bool] = []
         self.left_edges: list[list[int]] = []  # references at a rule's left, past nullable ones
+        self.terms: list[int] = []  # first characters of each terminal item (._stacks' bits)
 
     # -- lexical helpers (C's *pos is NUL past the end) --
     def ch(self, pos: int) -> str:
@@ -138,7 +151,8 @@ class _Parser:
             raise _Invalid("expecting an integer")
         return pos
 
-    def parse_char(self, pos: int) -> int:
+    def parse_char(self, pos: int) -> tuple[int, int]:
+        """One character of a literal or class: (its code point, the position after it)."""
         c = self.ch(pos)
         if c == "\\":
             e = self.ch(pos + 1)
@@ -147,12 +161,12 @@ class _Parser:
                 digits = self.src[pos + 2 : pos + 2 + size]
                 if len(digits) != size or not all(d in _HEX for d in digits):
                     raise _Invalid(f"expecting {size} hex digits after \\{e}")
-                return pos + 2 + size
+                return int(digits, 16), pos + 2 + size
             if e in _SIMPLE_ESCAPES and e != "\0":
-                return pos + 2
+                return ord(_ESCAPED.get(e, e)), pos + 2
             raise _Invalid("unknown escape")
         if c != "\0":
-            return pos + 1
+            return ord(c), pos + 1
         raise _Invalid("unexpected end of input")
 
     def parse_token(self, pos: int) -> int:
@@ -183,6 +197,11 @@ class _Parser:
         next_id = len(self.symbol_ids)
         self.symbol_ids[f"{base}_{next_id}"] = next_id
         return next_id
+
+    def terminal(self, bits: int) -> int:
+        """A terminal item's ``ref``: -1 - the index of its first characters in ``terms``."""
+        self.terms.append(bits)
+        return -len(self.terms)
 
     def add_rule(self, rule_id: int, alternates: list[list[_Item]]) -> None:
         old = self.rules.get(rule_id)
@@ -243,33 +262,40 @@ class _Parser:
                 frame.last = len(seq)
                 frame.n_prev = 1
                 count = 0
+                first = 0
                 while self.ch(pos) != '"':
                     if pos >= self.n:
                         raise _Invalid("unexpected end of input in a literal")
-                    pos = self.parse_char(pos)
+                    cp, pos = self.parse_char(pos)
+                    if not count:
+                        first = char_bits(cp, cp)
                     count += 1
                 if count:
-                    seq.append((-1, count, 1))
+                    seq.append((self.terminal(first), count, 1))
                 pos = self.parse_space(pos + 1, nested)
             elif c == "[":
                 pos += 1
-                if self.ch(pos) == "^":
+                negated = self.ch(pos) == "^"
+                if negated:
                     pos += 1
                 frame.last = len(seq)
                 frame.n_prev = 1
                 count = 0
+                bits = 0
                 while self.ch(pos) != "]":
                     if pos >= self.n:
                         raise _Invalid("unexpected end of input in a character class")
-                    pos = self.parse_char(pos)
+                    lo, pos = self.parse_char(pos)
+                    hi = lo
                     count += 1
                     if self.ch(pos) == "-" and self.ch(pos + 1) != "]":
                         if pos + 1 >= self.n:
                             raise _Invalid("unexpected end of input in a character class")
-                        pos = self.parse_char(pos + 1)
+                        hi, pos = self.parse_char(pos + 1)
                         count += 1
+                    bits |= char_bits(lo, hi)
                 if count:
-                    seq.append((-1, count, 1))
+                    seq.append((self.terminal(negate_bits(bits) if negated else bits), count, 1))
                 pos = self.parse_space(pos + 1, nested)
             elif c in "<!":
                 if c == "!":
@@ -277,7 +303,7 @@ class _Parser:
                 pos = self.parse_token(pos)
                 frame.last = len(seq)
                 frame.n_prev = 1
-                seq.append((-1, 1, 1))
+                seq.append((self.terminal(TOKEN_BIT), 1, 1))
                 pos = self.parse_space(pos, nested)
             elif self.is_word_char(c):
                 end = self.parse_name(pos)
@@ -301,7 +327,7 @@ class _Parser:
             elif c == ".":
                 frame.last = len(seq)
                 frame.n_prev = 1
-                seq.append((-1, 1, 1))
+                seq.append((self.terminal(ANY_CHAR), 1, 1))
                 pos = self.parse_space(pos + 1, nested)
             elif c in "*+?":
                 pos = self.parse_space(pos + 1, nested)
@@ -420,6 +446,7 @@ class _Parser:
         self.check_hidden_left_recursion(size)
         self.check_left_recursion(size)
         self.check_ambiguous_recursion(size)
+        self.check_live_stacks(size)
 
     def compute_nullable(self, size: int) -> list[bool]:
         """Which rules can match empty text (a fixpoint, unlike llama.cpp's "may be empty")."""
@@ -473,7 +500,7 @@ class _Parser:
                     if not nullable[ref]:
                         break
         self.left_edges = edges
-        comp = _sccs(edges)
+        comp = sccs(edges)
         for rid, ref in growing:
             if comp[rid] == comp[ref]:
                 raise _Invalid(
@@ -497,7 +524,7 @@ class _Parser:
         # Starts: the rules a reference can begin with, itself included. The left graph may
         # have cycles (harmless ones pass the checks above): closed per strongly connected
         # component, in Tarjan's order (a component's successors are numbered before it).
-        left_comp = _sccs(self.left_edges)
+        left_comp = sccs(self.left_edges)
         n_comp = max(left_comp, default=-1) + 1
         members = [0] * n_comp
         for rid in range(size):
@@ -516,7 +543,7 @@ class _Parser:
             sorted({ref for alt in rules[rid] for ref, _, _ in alt if ref >= 0})
             for rid in range(size)
         ]
-        comp = _sccs(refs)
+        comp = sccs(refs)
         cyclic = [0] * (max(comp, default=-1) + 1)
         for rid in range(size):
             cyclic[comp[rid]] |= 1 << rid
@@ -539,6 +566,22 @@ class _Parser:
                             "each nesting level generated",
                         )
                     before = before | starts if nullable[ref] else 0
+
+    def check_live_stacks(self, size: int) -> None:
+        """Refuse a grammar that can keep more parse stacks alive at once than the budget: a
+        repetition or alternation whose readings of the same text stay apart (``item+`` with
+        ``item ::= [a-z]{1,999}``: any split of a run of letters into items is a reading, one
+        stack per position in the counted repetition, and every token mask walks each)."""
+        rules = [self.rules[rid] for rid in range(size)]
+        peak = live_stacks(rules, self.terms, self.nullable, self.symbol_ids["root"])
+        if peak > self.limits.max_stacks:
+            raise RegexRejected(
+                "guided_grammar_unsafe",
+                "the same text can be read so many ways that llama.cpp may keep "
+                f"{f'about {peak}' if peak < 10**6 else 'over a million'} parse stacks (or ways "
+                f"through a token) alive at once, more than {self.limits.max_stacks}; each "
+                "token mask walks every one",
+            )
 
     def check_left_recursion(self, size: int) -> None:
         rules = self.rules
@@ -610,50 +653,6 @@ class _Parser:
                     if not visited[x]:
                         visited[x] = True
                         todo.append(x)
-
-
-def _sccs(edges: list[list[int]]) -> list[int]:
-    """Tarjan's strongly connected components, iteratively: the component of each node."""
-    size = len(edges)
-    index = [-1] * size
-    low = [0] * size
-    comp = [-1] * size
-    on_stack = [False] * size
-    stack: list[int] = []
-    counter = 0
-    ncomp = 0
-    for root in range(size):
-        if index[root] >= 0:
-            continue
-        work: list[tuple[int, int]] = [(root, 0)]
-        while work:
-            node, i = work[-1]
-            if i == 0:
-                index[node] = low[node] = counter
-                counter += 1
-                stack.append(node)
-                on_stack[node] = True
-            if i < len(edges[node]):
-                work[-1] = (node, i + 1)
-                nxt = edges[node][i]
-                if index[nxt] < 0:
-                    work.append((nxt, 0))
-                elif on_stack[nxt]:
-                    low[node] = min(low[node], index[nxt])
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-            if low[node] == index[node]:
-                while True:
-                    member = stack.pop()
-                    on_stack[member] = False
-                    comp[member] = ncomp
-                    if member == node:
-                        break
-                ncomp += 1
-    return comp
 
 
 def parse_gbnf(text: str, limits: GbnfLimits) -> None:

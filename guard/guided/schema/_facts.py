@@ -135,7 +135,7 @@ def count_of(value: Any) -> int | None:
     """A count keyword's value as the estimates read it (None: not a number)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return max(0, int(min(value, 1e12)))
+    return int(max(0, min(value, 1e12)))  # clamped before int(): -Infinity and NaN parse as JSON
 
 
 def _types(node: Mapping[str, Any]) -> set[str]:

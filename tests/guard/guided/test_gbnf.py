@@ -8,6 +8,7 @@ with no disagreement; ``tests/e2e`` replays the corpus against the real server."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from guard.guided import GuidedLimits, check_guided_decoding
 from guard.guided.grammar import GbnfLimits, llama_cpp_schemas, parse_gbnf, schema_grammar_problem
 
 DATA = Path(__file__).parent / "data"
-LIMITS = GbnfLimits(max_depth=64, max_elements=262_144, max_steps=100_000, max_left_depth=4096)
+LIMITS = GbnfLimits(
+    max_depth=64, max_elements=262_144, max_steps=100_000, max_left_depth=4096, max_stacks=100
+)
 
 
 def _code(text: str, limits: GbnfLimits = LIMITS) -> str | None:
@@ -144,6 +147,82 @@ def test_ambiguous_recursion_is_refused(text: str) -> None:
 )
 def test_unambiguous_recursion_is_admitted(text: str) -> None:
     assert _code(text) is None
+
+
+# Repetitions whose element can end where the next begins: llama.cpp keeps a parse stack per
+# position the ended element could be in (guard/guided/grammar/_stacks.py). Each with the
+# guard's estimate and the dearest token mask measured in llama-cpp-python 0.3.36 (4,096-token
+# vocabulary, 100 tokens of forced letters, side by side with the look-alikes below, whose masks
+# cost 0.0016-0.0034 s; 2026-12-07, a shared 2-core machine).
+READ_MANY_WAYS = [
+    # ~4,000 stacks; 0.092 s after 150 letters and growing with the text (the campaign: 1.95 s)
+    'root ::= item+ | item+\nitem ::= [a-z]{1,999} (" "){0,3}\n',
+    "root ::= item+\nitem ::= [a-z]{1,999}\n",  # ~2,000; 0.024 s after 150 letters, growing
+    "root ::= item+\nitem ::= [a-z]{1,99}\n",  # ~200; 0.016 s
+    # ~60 stacks a loop, admitted alone (below); two loops reading the same letters: twice that
+    "root ::= item+ | item+\nitem ::= [a-z]{1,30}\n",
+    'root ::= ([a-z]{1,30} " "?){1,30}\n',  # ~900 (30 x 30 positions); 0.196 s
+    'root ::= ([a-z]{1,20} " "?){1,20}\n',  # ~400; 0.073 s
+    "root ::= x\nx ::= [a-z]{1,150} x | [a-z]\n",  # right recursion: ~150
+    'root ::= ws{9} "x"\nws ::= [ ]{0,30}\n',  # the copies of one rule: ~250
+    # backend-llamacpp-grammar seed 4 (issue 24), minimised: admitted before, over 29 s of CPU
+    # in the third mask ("\n"{1,9} runs into 16 copies of a group that may hold "\n": ~130)
+    'root ::= r269  r269  "\\n"{1,9} ( ([^2x]+   r269)?\r){16}\nr269 ::= ( "\u00e9" | )  |  r150\n'
+    'r150 ::= "ab"',
+    # seed 4 after the fix, minimised: 30 copies of an optional letter, 1.97 s in a mask
+    'root::=[z]{0} (" " [a-z]?{30})',
+]
+
+READ_ONE_WAY = [
+    'root ::= [a-z]{1,30} (" " [a-z]{1,30})*\n',  # separated: one reading
+    'root ::= item+\nitem ::= [a-z]{1,999} " "\n',  # 0.0019 s
+    'root ::= item+\nitem ::= [a-z]+ " "?\n',  # ambiguous, one looping position: 0.0022 s
+    "root ::= item+\nitem ::= [a-z]{1,30}\n",  # ~60: 0.0052 s, under the budget
+    "root ::= (ws value)+\nvalue ::= [a-z]+ | [0-9]+\nws ::= [ \\t\\n]*\n",  # 0.0034 s
+    "root ::= (ws value)+ ws\nvalue ::= [a-z]+ | [0-9]{1,10}\nws ::= [ \\t\\n]{0,20}\n",
+    'root ::= (ws ws "x")+\nws ::= [ ]{0,30}\n',  # 0.0019 s
+    # one item running into the next, once: as many stacks as the next can be in (0.002-0.0025 s)
+    "root ::= .{1,799} .{1,799}\n",
+    "root ::= [a-z]{1,999} [a-z]{1,999}\n",
+    'root ::= .{0,200} "\\n"\n',  # the last character may be the "\n": two stacks, not 200
+    'root ::= [0-9]?{3} "x"',  # a few optional copies
+    'root ::= "a" (" "?){4} "b"',
+    'root ::= line+\nline ::= [^\\n]{1,200} "\\n"\n',
+    'root ::= (key "=" value "\\n")+\nkey ::= [a-zA-Z_]{1,64}\nvalue ::= [^\\n]{0,256}\n',
+    'root ::= sentence+\nsentence ::= word (" " word)* [.!?] " "?\nword ::= [A-Za-z]{1,20}\n',
+]
+
+
+@pytest.mark.parametrize("text", READ_MANY_WAYS)
+def test_repetition_read_many_ways_is_refused(text: str) -> None:
+    assert _code(text) == "guided_grammar_unsafe"
+
+
+@pytest.mark.parametrize("text", READ_ONE_WAY)
+def test_repetition_read_few_ways_is_admitted(text: str) -> None:
+    assert _code(text) is None
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.gbnf")))
+def test_llama_cpp_grammars_keep_few_stacks(name: str) -> None:
+    """llama.cpp's own grammars estimate at most 10 stacks (arithmetic.gbnf and chess.gbnf: a
+    term's trailing whitespace may be the "\\n" after it): a tenth of the default budget."""
+    assert _code((DATA / name).read_text(), replace(LIMITS, max_stacks=10)) is None
+
+
+def test_the_estimate_follows_the_positions_of_the_repetition() -> None:
+    """``item+`` with ``item ::= [a-z]{1,k}``: k positions an item can end in, counted for the
+    loop and again where it starts: 2k + 1."""
+    for k in (5, 50, 500):
+        text = f"root ::= item+\nitem ::= [a-z]{{1,{k}}}\n"
+        assert _code(text, replace(LIMITS, max_stacks=2 * k + 1)) is None
+        assert _code(text, replace(LIMITS, max_stacks=2 * k)) == "guided_grammar_unsafe"
+
+
+def test_the_stack_budget_is_the_policys() -> None:
+    body: dict[str, object] = {"grammar": "root ::= item+\nitem ::= [a-z]{1,99}\n"}
+    assert _check(body) == "guided_grammar_unsafe"
+    assert _check(body, GuidedLimits(max_grammar_stacks=200)) is None
 
 
 def _check(body: dict[str, object], limits: GuidedLimits | None = None) -> str | None:
