@@ -4,8 +4,9 @@ each prompt plus its output within the context length; its limit set, ``limits.t
 1. Output (:mod:`guard.checks._output`): every output-cap field present must be within
    ``max_output_tokens`` (else ``max_tokens_exceeded``, or clamped, as the policy says); a
    generation request with none gets ``default_max_tokens`` injected (a mutation).
-2. In front of any upstream but vLLM, a ``logit_bias`` that would make llama-cpp-python
-   generate past the cap is refused (:mod:`guard.checks._logit_bias`).
+2. In front of any upstream but vLLM, a ``logit_bias`` or a penalty that rewards repetition,
+   which make llama-cpp-python generate past the cap, is refused
+   (:mod:`guard.checks._cap_bypass`).
 3. Prompt: the request's prompt counted once, by :func:`guard.prompt.count_prompt` (what the
    upstream will tokenize, summed over the request, at most ``max_prompt_tokens``, and each
    sequence at most ``context_length`` minus the output cap: a byte bound, the upstream's chat
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from guard.checks._logit_bias import check_llama_cpp_logit_bias
+from guard.checks._cap_bypass import check_llama_cpp_cap_bypass
 from guard.checks._logprob_work import check_llama_cpp_logprob_work, echoes_prompt
 from guard.checks._output import clamped_to_window, output_cap, window_remainder
 from guard.checks._policy import PolicyView
@@ -85,7 +86,7 @@ def check_tokens(view: RequestView, policy: PolicyView[TokensReads]) -> CheckRes
     how = prompt_counting(policy)
     if kind != "vllm" and output is not None:
         # llama-cpp-python's (or an upstream not known yet: it may be one).
-        check_llama_cpp_logit_bias(body, how.counter)
+        check_llama_cpp_cap_bypass(body, how.counter)
     limits = PromptLimits(
         tokens.max_prompt_tokens,
         tokens.context_length,

@@ -5,7 +5,8 @@ llama-cpp-python 0.3.36 skips its ``max_tokens`` test while the text it generate
 UTF-8 character: a grammar of 4-byte characters gives ``completion_tokens`` up to 3 over the cap
 (the guard reserves that overshoot in front of it), and a positive ``logit_bias`` on a lone
 lead byte never lets the text end a character, so it generates until its context is full and
-answers 500 (the guard refuses it: ``output_cap_bypass``). vLLM stops at the cap either way.
+answers 500 (the guard refuses it: ``output_cap_bypass``), as does a penalty that rewards
+repetition when the model repeats such a token. vLLM stops at the cap either way.
 """
 
 from __future__ import annotations
@@ -87,6 +88,29 @@ def test_a_lead_byte_bias_runs_llama_cpp_python_to_its_context_and_the_guard_ref
         assert reply["usage"]["completion_tokens"] > 8 + OUTPUT_OVERSHOOT, reply
     else:
         assert status == 500 and "llama_decode" in str(reply), (status, reply)
+
+
+def test_a_penalty_rewarding_repetition_does_the_same_and_the_guard_refuses_it(
+    llamacpp_upstream: RunningUpstream, guarded_llamacpp: str
+) -> None:
+    """The black-box campaign's finding through the guard (payloads uc-*-penalty-*): a prompt
+    of one phrase over and over and a penalty below 0 make the model repeat a lone lead byte."""
+    prompt = ("request and server request and server from token " * 100)[:2048]
+    for fields in ({"frequency_penalty": -2}, {"presence_penalty": -2}):
+        body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, **fields}
+        status, reply = post_json(guarded_llamacpp + "/v1/completions", body)
+        assert status == 400 and reply and "output_cap_bypass" in str(reply), reply
+        status, reply = post_json(
+            llamacpp_upstream.base_url + "/v1/completions", body, timeout_s=300.0
+        )
+        if status == 200:
+            assert reply["usage"]["completion_tokens"] > 2 + OUTPUT_OVERSHOOT, reply
+        else:
+            assert status == 500 and "llama_decode" in str(reply), (status, reply)
+    # The look-alike: penalties that discourage repetition stop at the cap, through the guard.
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "frequency_penalty": 0.5}
+    status, reply = post_json(guarded_llamacpp + "/v1/completions", body)
+    assert status == 200 and reply["usage"]["completion_tokens"] <= 2 + OUTPUT_OVERSHOOT, reply
 
 
 def test_vllm_stops_at_max_tokens_whatever_the_bias(vllm_upstream: RunningUpstream) -> None:

@@ -514,3 +514,35 @@ def test_logit_bias_that_keeps_llama_cpp_python_past_max_tokens_is_refused() -> 
     assert code({str(ok_id): 100}, llama_cpp) is None
     assert code({str(partial[0]): 100}, vllm) is None  # vLLM stops at max_tokens
     assert code({str(partial[0]): 100}, base) == "output_cap_bypass"  # not known yet
+
+
+def test_penalties_that_reward_repetition_are_refused_in_front_of_llama_cpp_python() -> None:
+    """Steering the model into repeating a token that ends inside a character keeps
+    llama-cpp-python past max_tokens as a bias on it does (the campaign's 14 s to the context
+    for max_tokens 2): refused where the vocabulary has such tokens, not in front of vLLM."""
+    from guard.policy import load_policy
+
+    base = load_policy(None, env={})
+    llama_cpp, vllm = base.with_upstream_kind("llama_cpp"), base.with_upstream_kind("vllm")
+
+    def code(fields: dict[str, Any], policy: Policy) -> str | None:
+        body = {"prompt": "request and server", "max_tokens": 2, **fields}
+        result = check_tokens(RequestView.build(body, path="/v1/completions"), policy)
+        return None if result.rejection is None else result.rejection.code
+
+    for name, below, at_least in (
+        ("frequency_penalty", -0.5, 0),
+        ("presence_penalty", -2, 0.0),
+        ("repeat_penalty", 0.5, 1),
+    ):
+        assert code({name: below}, llama_cpp) == "output_cap_bypass", name
+        assert code({name: str(below)}, llama_cpp) == "output_cap_bypass", name  # lax, as pydantic
+        assert code({name: below}, base) == "output_cap_bypass", name  # not known yet
+        assert code({name: below}, vllm) is None, name  # vLLM stops at max_tokens
+        assert code({name: at_least}, llama_cpp) is None, name
+    # What ordinary requests send: discouraging repetition, or the defaults.
+    assert (
+        code({"frequency_penalty": 0.5, "presence_penalty": 0.3, "repeat_penalty": 1.1}, llama_cpp)
+        is None
+    )
+    assert code({"frequency_penalty": None}, llama_cpp) is None
