@@ -6,7 +6,7 @@ Runs inside the llama-cpp-python venv (needs gguf, numpy, tokenizers):
     VENV/bin/python scripts/upstreams/make_gguf_model.py OUT_DIR
 
 Writes OUT_DIR/model.gguf and OUT_DIR/tokenizer.json (the same vocabulary in Hugging Face
-form, for tools that count tokens), and OUT_DIR/model-text.gguf: the same weights but for a
+form, for tools that count tokens), and OUT_DIR/text/model.gguf: the same weights but for a
 constant residual dimension that puts every token whose bytes are not whole UTF-8 characters
 about 34 logits down, so its text decodes token by token as a real model's does (the random
 model's mostly does not, which llama-cpp-python streams in superlinear time:
@@ -32,8 +32,10 @@ KV_HEADS = 2
 INTERMEDIATE = 256
 CONTEXT = 4096
 HEAD_DIM = HIDDEN // HEADS
-TEXT_FILE = "model-text.gguf"
-# model-text.gguf: residual dimension 0 holds this constant (no layer writes it), so after the
+# In a folder of its own: tools that read a chat template from "the single .gguf next to
+# tokenizer.json" (the guard's `chat_template: auto`) must still find one.
+TEXT_FILE = "text/model.gguf"
+# text/model.gguf: residual dimension 0 holds this constant (no layer writes it), so after the
 # final RMS norm it is ~sqrt(HIDDEN) = 11.3 and a token whose output row has _PENALTY there is
 # ~34 logits below the rest (random rows give logits of ~0.1).
 _CONSTANT = 1.0
@@ -163,6 +165,7 @@ def main() -> None:
         text[f"blk.{i}.ffn_down.weight"][0, :] = 0.0
     barred = undecodable(tokens, special)
     text["output.weight"][:, 0] = np.where(barred, _PENALTY, 0.0).astype(np.float32)
+    (out / TEXT_FILE).parent.mkdir(exist_ok=True)
     write(out / TEXT_FILE, text)
     print(
         json.dumps(

@@ -191,7 +191,7 @@ UPSTREAMS: dict[str, UpstreamRecipe] = {
         # The same weights but for the tokens that are not whole UTF-8 characters, which it
         # never samples: its text decodes token by token, as a real model's does (see
         # make_gguf_model.py); what fair-share measurements use.
-        model_variants={"text": "model-text.gguf"},
+        model_variants={"text": "text/model.gguf"},
     ),
 }
 
