@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from guard.errors import LimitExceeded
-from guard.request import lax_int
+from guard.request import lax_float, lax_int
 from guard.tokens import TokenCounter
 
 __all__ = ["check_llama_cpp_cap_bypass"]
@@ -38,24 +38,12 @@ _CODE = "output_cap_bypass"
 _REWARDING_BELOW = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repeat_penalty": 1.0}
 
 
-def _number(value: Any) -> float | None:
-    """The value as the upstream's pydantic reads a number (a bool is one), else None."""
-    if isinstance(value, bool | int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
 def check_llama_cpp_cap_bypass(body: dict[str, Any], counter: TokenCounter) -> None:
     partial = counter.partial_char_ids
     if partial is not None and not partial:
         return  # no token ends inside a character: nothing can keep the text open
     for name, floor in _REWARDING_BELOW.items():
-        value = _number(body.get(name))
+        value = lax_float(body.get(name))
         if value is not None and value < floor:
             raise LimitExceeded(
                 _CODE,
@@ -71,7 +59,7 @@ def _check_logit_bias(bias: Any, partial: frozenset[int] | None) -> None:
     if not isinstance(bias, dict) or not bias:
         return
     for key, value in bias.items():
-        number = _number(value)
+        number = lax_float(value)
         if number is None or number <= 0:
             continue
         token = lax_int(key)

@@ -93,6 +93,20 @@ def lax_int(value: Any) -> int | None:
     return None
 
 
+def lax_float(value: Any) -> float | None:
+    """``value`` as a number the way pydantic's lax mode reads a float field (a bool, an int, a
+    float, a numeric string of any length: ``float`` is linear in it and the body is already
+    size-bounded); None when it would not read it as one."""
+    if isinstance(value, bool | int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
 # pydantic's lax booleans (vLLM's request models type their switches as bool).
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
